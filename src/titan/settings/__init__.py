@@ -1,0 +1,22 @@
+"""The settings layer: one validated dataclass per component, one precedence.
+
+defaults < config file (``--config`` / ``TITAN_CONFIG``, TOML) < ``TITAN_*`` environment
+< CLI flags. Sections register themselves on import; import them all here.
+"""
+
+from __future__ import annotations
+
+from titan.settings.core import (
+    SECTIONS, Settings, coerce, env_var_table, load_settings, register_check, register_section,
+    require, settings_from_json,
+)
+
+# Sections (each module registers its dataclass). Keep this list sorted.
+from titan.settings.dist import DistConfig  # noqa: E402
+from titan.settings.events import EventsConfig  # noqa: E402
+from titan.settings.run import RunConfig  # noqa: E402
+
+__all__ = [
+    "DistConfig", "EventsConfig", "RunConfig", "SECTIONS", "Settings", "coerce", "env_var_table",
+    "load_settings", "register_check", "register_section", "require", "settings_from_json",
+]

@@ -1,0 +1,11 @@
+"""In-worker context: identity, event writer and robust distributed init."""
+
+from __future__ import annotations
+
+from titan.worker.context import RankLogFilter, WorkerContext
+from titan.worker.dist import DistInitError, backoff_delays, init_distributed, measure_clock_offsets, pick_backend
+
+__all__ = [
+    "DistInitError", "RankLogFilter", "WorkerContext", "backoff_delays", "init_distributed",
+    "measure_clock_offsets", "pick_backend",
+]
