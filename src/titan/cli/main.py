@@ -9,6 +9,7 @@ and ``run(args, env) -> ExitCode``. A user mistake (``UserError``, a bad flag) p
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import logging
 import sys
@@ -74,7 +75,9 @@ def run(argv: Sequence[str], env: Environment | None = None) -> ExitCode:
     parser = build_parser()
     try:
         try:
-            args = parser.parse_args(list(argv))
+            # argparse prints --help/--version to sys.stdout; send it to env.stdout.
+            with contextlib.redirect_stdout(env.stdout):
+                args = parser.parse_args(list(argv))
         except _ArgError as e:
             raise UserError(e.message, "see `titan --help` or `titan VERB --help`") from None
         except SystemExit as e:  # --help / --version printed and asked to exit

@@ -221,12 +221,12 @@ def load_settings(
         for f in dataclasses.fields(cls):
             known_env[field_env_var(section, f)] = (section, f.name)
     for var, val in env.items():
-        if not var.startswith(PREFIX) or var in PROCESS_VARS:
+        if not var.startswith(PREFIX):
             continue
         if var in known_env:
             section, key = known_env[var]
             put(section, key, val, f"environment {var}")
-        else:
+        elif var not in PROCESS_VARS:
             log.warning("ignoring unknown environment variable %s (not a Titan setting)", var)
 
     for dotted, val in (cli or {}).items():
