@@ -1,0 +1,91 @@
+"""Preflight on real multi-rank gloo jobs: the odd node/rank is named, a clean run passes."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import run_nodes
+from titan.cli.environment import Environment
+from titan.cli.main import run
+from titan.exitcodes import ExitCode
+
+SMALL = ["--max-bytes=65536", "--io-bytes=1048576", "--pair-bytes=65536"]
+
+
+def _titan(tmp_path, *argv, env_extra=None):
+    import os
+
+    env = Environment.captured(tmp_path, env=dict(os.environ, **(env_extra or {})))
+    code = run(list(argv), env)
+    return code, env.stdout.getvalue(), env.stderr.getvalue()
+
+
+@pytest.mark.timeout(120)
+def test_clean_local_run_exits_zero(tmp_path):
+    code, out, err = _titan(tmp_path, "preflight", "--nproc", "3", "--max-bytes", "65536", "--io-bytes", "1048576",
+                            "--json", "--set", f"run.runs_dir={tmp_path / 'runs'}")
+    verdict = json.loads(out)
+    assert code == ExitCode.SUCCEEDED, (verdict["differences"], verdict["flags"], err)
+    assert len(verdict["members"]) == 3 and verdict["sweep"] and len(verdict["pairs"]) == 3
+    assert {r["op"] for r in verdict["sweep"]} == {"all_reduce", "all_gather", "reduce_scatter"}
+
+
+@pytest.mark.timeout(120)
+def test_perturbed_gemm_rank_is_named(tmp_path):
+    code, out, _ = _titan(tmp_path, "preflight", "--nproc", "3", "--max-bytes", "16384", "--io-bytes", "65536",
+                          "--json", "--set", f"run.runs_dir={tmp_path / 'runs'}",
+                          env_extra={"TITAN_INJECT_PREFLIGHT_GEMM_RANKS": "1"})
+    verdict = json.loads(out)
+    assert code == ExitCode.SELFTEST_FAILED, verdict["flags"]
+    assert [(f["test"], f["member"].split("/")[1]) for f in verdict["flags"]] == [("gemm", "rank1")], verdict["flags"]
+
+
+@pytest.mark.multinode
+@pytest.mark.timeout(180)
+def test_node_with_other_env_var_and_node_with_other_package_are_named(tmp_path, fake_package):
+    import os
+
+    envs = [{}, {"NCCL_ALGO": "Tree"}, {"PYTHONPATH": f"{fake_package}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}]
+    verdict = run_nodes(tmp_path, envs, SMALL + ["--skip=sweep,pairs"])
+    diffs = {(d["member"], d["key"], d["reference"]) for d in verdict["differences"]}
+    assert ("node1/rank1", "env.NCCL_ALGO", "majority") in diffs, diffs
+    assert ("node2/rank2", "packages.accelerate", "majority") in diffs, diffs
+    assert all(m.startswith(("node1/", "node2/")) for m, _, _ in diffs), diffs
+    assert verdict["exit_code"] == ExitCode.MISMATCH
+
+
+def test_two_members_need_a_baseline(tmp_path):
+    from titan.preflight import compare_fingerprints
+
+    a = {"torch": {"version": "2.13.0"}, "packages": {"numpy": "2.4"}}
+    b = {"torch": {"version": "2.13.0"}, "packages": {"numpy": "2.3"}}
+    no_base = compare_fingerprints({"A": a, "B": b})
+    assert {(d.member, d.reference) for d in no_base} == {("A", "none"), ("B", "none")}
+    with_base = compare_fingerprints({"A": a, "B": b}, baseline=a)
+    assert [(d.member, d.key, d.expected) for d in with_base] == [("B", "packages.numpy", "2.4")]
+
+
+def test_offline_compare_of_saved_fingerprints(tmp_path):
+    code, _, _ = _titan(tmp_path, "preflight", "--save", "a.json")
+    assert code == ExitCode.SUCCEEDED
+    fp = json.loads((tmp_path / "a.json").read_text())
+    fp["torch"]["version"] = "2.99.0"
+    (tmp_path / "b.json").write_text(json.dumps(fp))
+    (tmp_path / "c.json").write_text((tmp_path / "a.json").read_text())
+    code, out, _ = _titan(tmp_path, "preflight", "--compare", "a.json", "b.json", "c.json", "--json")
+    verdict = json.loads(out)
+    assert code == ExitCode.MISMATCH
+    assert [(d["member"], d["key"]) for d in verdict["differences"]] == [("b.json", "torch.version")]
+
+
+@pytest.mark.parametrize("argv, match", [
+    (["--nproc", "0"], "--nproc must be >= 1"),
+    (["--compare", "missing.json"], "cannot read missing.json"),
+    (["--baseline", "bad.json", "--compare", "bad.json"], "is not valid JSON"),
+])
+def test_bad_input_is_one_line(tmp_path, argv, match):
+    (tmp_path / "bad.json").write_text("{")
+    code, _, err = _titan(tmp_path, "preflight", *argv)
+    assert code == ExitCode.USER_ERROR and match in err and "Traceback" not in err, err
