@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from conftest import run_nodes
+from pfhelpers import run_nodes
 from titan.cli.environment import Environment
 from titan.cli.main import run
 from titan.exitcodes import ExitCode

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import run_nodes
+from pfhelpers import run_nodes
 from titan.chaos.netns import Topology, netns_unavailable_reason
 
 _REASON = netns_unavailable_reason()
