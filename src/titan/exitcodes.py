@@ -26,6 +26,8 @@ class ExitCode(enum.IntEnum):
     SELFTEST_FAILED = 7
     DRILL_FAILED = 8
     PREEMPTED = 9
+    WORKER_COMM_FAULT = 10
+    WORKER_CUDA_FAULT = 11
     INTERRUPTED = 130
 
     @property
@@ -44,6 +46,8 @@ _MEANINGS: dict[ExitCode, str] = {
     ExitCode.SELFTEST_FAILED: "preflight: a hardware self-test failed",
     ExitCode.DRILL_FAILED: "drill: at least one expectation failed",
     ExitCode.PREEMPTED: "worker saved and stopped on SIGTERM (preemption); not a failure",
+    ExitCode.WORKER_COMM_FAULT: "worker: communication/store error (timeout, peer closed); restartable",
+    ExitCode.WORKER_CUDA_FAULT: "worker: CUDA error (sticky ones need a new process); restartable",
     ExitCode.INTERRUPTED: "interrupted (Ctrl-C)",
 }
 

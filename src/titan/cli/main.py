@@ -25,7 +25,7 @@ from titan.settings.env import TITAN_DEBUG
 __all__ = ["main", "run", "build_parser", "VERBS"]
 
 #: Verbs in --help order; each is ``titan.cli.cmd_<verb>``.
-VERBS: tuple[str, ...] = ("events",)
+VERBS: tuple[str, ...] = ("run", "drill", "events", "preflight", "plan", "report", "agent", "triage", "nodes", "ckpt", "gather",)
 
 
 class _ArgError(Exception):

@@ -51,7 +51,7 @@ def check_id(value: str, what: str) -> str:
     if not _SAFE_ID.match(value):
         raise UserError(
             f"invalid {what} {value!r}",
-            f"use letters, digits, '.', '_' or '-' (at most 128 characters), starting with a letter or digit",
+            "use letters, digits, '.', '_' or '-' (at most 128 characters), starting with a letter or digit",
         )
     return value
 

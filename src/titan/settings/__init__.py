@@ -12,11 +12,18 @@ from titan.settings.core import (
 )
 
 # Sections (each module registers its dataclass). Keep this list sorted.
+from titan.settings.agent import AgentConfig  # noqa: E402
+from titan.settings.checkpoint import CheckpointConfig  # noqa: E402
 from titan.settings.dist import DistConfig  # noqa: E402
 from titan.settings.events import EventsConfig  # noqa: E402
+from titan.settings.guard import GuardConfig  # noqa: E402
 from titan.settings.run import RunConfig  # noqa: E402
+from titan.settings.sdc import SDCConfig  # noqa: E402
+from titan.settings.tracing import TracingConfig  # noqa: E402
+from titan.settings.triage import TriageConfig  # noqa: E402
+from titan.settings.watchdog import WatchdogConfig  # noqa: E402
 
 __all__ = [
-    "DistConfig", "EventsConfig", "RunConfig", "SECTIONS", "Settings", "coerce", "env_var_table",
+    "AgentConfig", "CheckpointConfig", "DistConfig", "EventsConfig", "GuardConfig", "RunConfig", "SDCConfig", "SECTIONS", "TracingConfig", "TriageConfig", "Settings", "coerce", "env_var_table",
     "load_settings", "register_check", "register_section", "require", "settings_from_json",
 ]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 __all__ = [
     "PREFIX", "TITAN_CONFIG", "TITAN_RUN_DIR", "TITAN_RUN_ID", "TITAN_NODE_ID", "TITAN_DEBUG",
-    "TITAN_SETTINGS_JSON", "TITAN_CHAOS_PLAN", "PROCESS_VARS", "field_env_name",
+    "TITAN_SETTINGS_JSON", "TITAN_CHAOS_PLAN", "TITAN_CHAOS_SKIP_STEPS", "TITAN_CKPT_CRASH_AT", "PROCESS_VARS", "field_env_name",
 ]
 
 PREFIX = "TITAN_"
@@ -28,10 +28,18 @@ TITAN_DEBUG = "TITAN_DEBUG"
 TITAN_SETTINGS_JSON = "TITAN_SETTINGS_JSON"
 #: Path of a fault plan for in-process injection (``titan.chaos``), set by drills.
 TITAN_CHAOS_PLAN = "TITAN_CHAOS_PLAN"
+#: Reference runs of a drill: comma-separated steps whose update is skipped (as the guard would).
+TITAN_CHAOS_SKIP_STEPS = "TITAN_CHAOS_SKIP_STEPS"
+
+#: Checkpoint crash injection: ``<point>[@<rank>][#<attempt>]`` SIGKILLs the process at that save
+#: protocol boundary (``titan.checkpoint.inject``; tests and drills only).
+TITAN_CKPT_CRASH_AT = "TITAN_CKPT_CRASH_AT"
 
 #: Variables that are context, not settings fields (not reported as unknown).
 PROCESS_VARS = frozenset({
+    TITAN_CKPT_CRASH_AT,
     TITAN_CONFIG, TITAN_RUN_DIR, TITAN_RUN_ID, TITAN_DEBUG, TITAN_SETTINGS_JSON, TITAN_CHAOS_PLAN,
+    TITAN_CHAOS_SKIP_STEPS,
     TITAN_NODE_ID,
 })
 

@@ -1,0 +1,218 @@
+"""On-disk layout of Titan checkpoints, the manifest, and verification.
+
+Layout under the checkpoint root::
+
+    step-00000100/            committed checkpoint (DCP files + .metadata + manifest.json)
+    step-00000200.partial/    being written; never loaded
+    step-00000050.corrupt-<t>/ moved aside after failing verification
+    latest                    text: name of the newest committed checkpoint (replaced last)
+
+The manifest is written last inside the directory: format version, step, world size,
+torch and Titan versions, and size + CRC-32 of every file (computed while writing).
+A directory without a readable manifest of a known version is never loaded. Policy for
+older formats: a manifest whose ``version`` is newer than this code knows is refused with
+a message naming both versions; versions this code knows are read as written.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import json
+import os
+import re
+import zlib
+from pathlib import Path
+from typing import Any
+
+from titan.checkpoint import inject
+
+__all__ = [
+    "FORMAT", "VERSION", "MANIFEST", "LATEST", "SUMS_PREFIX", "step_dir_name", "parse_step",
+    "build_manifest", "write_manifest", "read_manifest", "verify", "VerifyResult",
+    "list_committed", "read_latest", "fsync_dir", "crc32_file",
+]
+
+FORMAT = "titan-checkpoint"
+VERSION = 1
+MANIFEST = "manifest.json"
+LATEST = "latest"
+SUMS_PREFIX = "__sums."
+_STEP_RE = re.compile(r"^step-(\d{8,})$")
+_CHUNK = 8 << 20
+
+
+def step_dir_name(step: int) -> str:
+    return f"step-{step:08d}"
+
+
+def parse_step(name: str) -> int | None:
+    """Step of a committed checkpoint directory name, else ``None``."""
+    m = _STEP_RE.match(name)
+    return int(m.group(1)) if m else None
+
+
+def fsync_dir(path: Path) -> None:
+    """fsync a directory so that renames inside it are durable (no-op where unsupported)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def crc32_file(path: Path) -> tuple[int, int]:
+    """(size, CRC-32) of a file; one sequential read."""
+    crc, size = 0, 0
+    with open(path, "rb", buffering=0) as f:
+        buf = bytearray(_CHUNK)
+        mv = memoryview(buf)
+        while True:
+            n = f.readinto(buf)
+            if not n:
+                break
+            crc = zlib.crc32(mv[:n], crc)
+            size += n
+    return size, crc
+
+
+def build_manifest(ckpt: Path, info: dict[str, Any], *, metadata_sum: tuple[int, int] | None) -> dict[str, Any]:
+    """Collect every rank's ``__sums.<rank>.json`` into one manifest dict.
+
+    Raises ``RuntimeError`` when a rank's sums are missing (that rank's write did not finish).
+    """
+    import torch
+
+    import titan
+
+    files: dict[str, dict[str, int]] = {}
+    world = int(info.get("world_size", 1))
+    for r in range(world):
+        p = ckpt / f"{SUMS_PREFIX}{r}.json"
+        try:
+            files.update(json.loads(p.read_text())["files"])
+        except (OSError, ValueError, KeyError) as e:
+            raise RuntimeError(f"rank {r} left no checksums in {ckpt.name} ({e})") from None
+    if metadata_sum is None:
+        metadata_sum = crc32_file(ckpt / ".metadata")
+    files[".metadata"] = {"size": metadata_sum[0], "crc32": metadata_sum[1]}
+    return {
+        "format": FORMAT, "version": VERSION, "step": int(info["step"]), "world_size": world,
+        "torch": torch.__version__, "titan": titan.__version__, "checksum": "crc32",
+        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="milliseconds"),
+        "bytes": sum(f["size"] for f in files.values()), "files": files,
+        "info": {k: v for k, v in info.items() if k not in ("step", "world_size")},
+    }
+
+
+def write_manifest(ckpt: Path, manifest: dict[str, Any], *, fsync: bool = True) -> None:
+    """Write ``manifest.json`` (temp name, fsync, rename) and fsync the directory."""
+    inject.point("manifest_write")
+    tmp = ckpt / f".{MANIFEST}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        os.write(fd, (json.dumps(manifest, indent=1, sort_keys=True) + "\n").encode())
+        if fsync:
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, ckpt / MANIFEST)
+    if fsync:
+        fsync_dir(ckpt)
+    inject.point("manifest_written")
+
+
+def read_manifest(ckpt: Path) -> dict[str, Any]:
+    """Parse and sanity-check a manifest; raises ``ValueError`` saying what is wrong."""
+    p = ckpt / MANIFEST
+    try:
+        m = json.loads(p.read_text())
+    except FileNotFoundError:
+        raise ValueError("no manifest (the save never completed)") from None
+    except (OSError, ValueError) as e:
+        raise ValueError(f"manifest unreadable: {e}") from None
+    if not isinstance(m, dict) or m.get("format") != FORMAT:
+        raise ValueError("manifest is not a Titan checkpoint manifest")
+    if not isinstance(m.get("version"), int) or m["version"] > VERSION:
+        raise ValueError(f"manifest version {m.get('version')!r} is newer than this Titan understands ({VERSION})")
+    if not isinstance(m.get("files"), dict) or not isinstance(m.get("step"), int):
+        raise ValueError("manifest lacks files or step")
+    return m
+
+
+@dataclasses.dataclass
+class VerifyResult:
+    """Outcome of verifying one checkpoint directory."""
+
+    path: Path
+    ok: bool
+    problems: list[str]
+    manifest: dict[str, Any] | None
+    seconds: float = 0.0
+    bytes_read: int = 0
+
+    @property
+    def reason(self) -> str:
+        return "; ".join(self.problems) if self.problems else "ok"
+
+
+def verify(ckpt: Path, *, checksums: bool = True, share: tuple[int, int] = (0, 1)) -> VerifyResult:
+    """Check the manifest and every file's size (and CRC-32 unless ``checksums=False``).
+
+    ``share=(r, n)`` checksums only files ``i`` with ``i % n == r`` (ranks split the
+    reading). Cost: one sequential read of the (shared) files; stat calls without
+    checksums. Never raises for a bad checkpoint; the result lists the problems.
+    """
+    import time
+
+    t0 = time.monotonic()
+    try:
+        m = read_manifest(ckpt)
+    except ValueError as e:
+        return VerifyResult(ckpt, False, [str(e)], None, time.monotonic() - t0)
+    problems: list[str] = []
+    nbytes = 0
+    for i, (name, want) in enumerate(sorted(m["files"].items())):
+        p = ckpt / name
+        try:
+            size = p.stat().st_size
+        except FileNotFoundError:
+            problems.append(f"{name}: missing")
+            continue
+        if size != want["size"]:
+            problems.append(f"{name}: size {size}, manifest says {want['size']} (truncated or overwritten)")
+            continue
+        if checksums and i % share[1] == share[0]:
+            _, crc = crc32_file(p)
+            nbytes += size
+            if crc != want["crc32"]:
+                problems.append(f"{name}: checksum {crc:08x}, manifest says {want['crc32']:08x} (corrupted)")
+    return VerifyResult(ckpt, not problems, problems, m, time.monotonic() - t0, nbytes)
+
+
+def list_committed(root: Path) -> list[tuple[int, Path]]:
+    """(step, path) of every committed-looking directory (name ``step-N``), oldest first."""
+    out = []
+    try:
+        entries = list(os.scandir(root))
+    except FileNotFoundError:
+        return []
+    for e in entries:
+        s = parse_step(e.name)
+        if s is not None and e.is_dir():
+            out.append((s, Path(e.path)))
+    return sorted(out)
+
+
+def read_latest(root: Path) -> str | None:
+    """Name in ``latest`` or ``None``."""
+    try:
+        name = (root / LATEST).read_text().strip()
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    return name or None

@@ -1,0 +1,293 @@
+"""``StepGuard``: check, decide, replay, step or skip — once per optimizer step, on every rank alike.
+
+The loop hands the guard a closure that zeroes the gradients and runs forward/backward of
+every micro-batch of one optimizer step, and gets back a :class:`StepResult`::
+
+    guard = StepGuard(model, optimizer, scheduler=sched, scaler=scaler, max_norm=1.0, ctx=ctx)
+    for batch in loader:
+        def fwd_bwd():
+            optimizer.zero_grad(set_to_none=True)
+            loss = loss_fn(model(batch))
+            loss.backward()               # or scaler.scale(loss).backward()
+            return loss.detach()
+        res = guard.step(fwd_bwd, samples=batch_indices)
+
+``guard.step`` replaces ``clip_grad_norm_`` / ``optimizer.step`` / ``scaler.step`` /
+``scaler.update`` / ``scheduler.step``. Design and measured costs: ``docs/guard.md``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+from typing import Any, Callable, Mapping, Sequence
+
+import torch
+from torch import nn
+
+from titan.guard import actions
+from titan.guard.checks import make_check
+from titan.guard.decision import Observation, Verdict, exchange, gather_objects, judge
+from titan.guard.escalation import Escalator
+from titan.guard.rng import capture_rng, restore_rng
+from titan.guard.stats import RobustWindow
+
+__all__ = ["StepGuard", "StepResult"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class StepResult:
+    """What happened to one optimizer step (identical on every rank except ``loss``)."""
+
+    step: int
+    loss: float  # this rank's loss as returned by the closure
+    loss_mean: float  # mean over ranks (NaN if any rank's loss was)
+    grad_norm: float  # global norm of the reduced gradients before clipping (unscaled)
+    skipped: bool
+    reason: str | None = None  # nonfinite | overflow | loss_spike | grad_spike
+    classification: str | None = None  # transient | persistent
+    culprit: dict[str, Any] | None = None  # ranks, nodes, params
+    rolled_back_to: int | None = None  # the loop must continue after this step
+    escalation: str | None = None
+    replay_match: bool | None = None  # set when a replay was requested for verification
+
+    def event_data(self) -> dict[str, Any]:
+        """Fields for the loop's ``step`` event."""
+        d: dict[str, Any] = {"grad_norm": self.grad_norm, "skipped": self.skipped}
+        if self.culprit:
+            d["culprit"] = self.culprit
+        if self.reason:
+            d["guard"] = self.reason
+        return d
+
+
+class StepGuard:
+    """Guards one model/optimizer pair; see the module docstring for the wiring.
+
+    ``model``: a ``DistributedDataParallel`` (a comm hook is installed), a model sharded
+    with FSDP2 ``fully_shard`` (custom reduce-scatters are installed) or a plain module.
+    ``ctx`` (a ``titan.worker.WorkerContext``) supplies the policy (``settings.guard``),
+    the event writer and the node name; ``policy``/``events``/``node`` override it.
+    ``rollback``: a callable that restores the in-memory snapshot (collective) and returns
+    the restored step — see :meth:`use_checkpointer`.
+    """
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, *, scheduler: Any = None,
+                 scaler: Any = None, max_norm: float | None = None, policy: Any = None, ctx: Any = None,
+                 events: Any = None, node: str | None = None, process_group: Any = None,
+                 rollback: Callable[[], int] | None = None) -> None:
+        from titan.settings.guard import GuardConfig
+
+        self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
+        self.scaler = scaler if scaler is not None and getattr(scaler, "is_enabled", lambda: True)() else None
+        self.max_norm = max_norm
+        self.policy: GuardConfig = policy or (ctx.settings.guard if ctx is not None else GuardConfig())
+        self.events = events if events is not None else (ctx.events if ctx is not None else None)
+        self.node = node or (ctx.node if ctx is not None else "local")
+        self.group = process_group
+        self._rollback = rollback
+        p = self.policy
+        self.check = make_check(model, process_group) if p.enabled else None
+        self.loss_stats = RobustWindow(p.spike_window, p.spike_warmup, rel_floor=p.spike_rel_floor)
+        self.grad_stats = RobustWindow(p.spike_window, p.spike_warmup, rel_floor=p.spike_rel_floor, log=True)
+        self.escalator = Escalator(k=p.persistent_k, window=p.persistent_window,
+                                   max_consecutive_skips=p.max_consecutive_skips, ladder=p.escalation)
+        self.step_count = 0
+        self.skipped_total = 0
+        self.strikes: dict[str, int] = {}
+        self.lr_scale = 1.0
+        self._verify_next = False
+        self._keep_on_load: dict[str, Any] | None = None
+
+    # --- wiring ---------------------------------------------------------------------
+    @property
+    def rank(self) -> int:
+        from titan.guard.decision import _dist_world
+
+        return _dist_world(self.group)[0]
+
+    def use_checkpointer(self, checkpointer: Any, app_state: Mapping[str, Any]) -> None:
+        """Roll back through ``checkpointer.rollback(app_state)`` (``titan.checkpoint``)."""
+        self._rollback = lambda: int(checkpointer.rollback(app_state))
+
+    def request_replay(self) -> None:
+        """Make the next :meth:`step` replay its batch and compare bitwise (for SDC checks).
+
+        Calling it on one rank is enough: the request travels in the step's exchange, so
+        every rank replays together. The result's ``replay_match`` says whether losses and
+        per-rank gradient norms of the two passes were bitwise equal on every rank.
+        """
+        self._verify_next = True
+
+    def rollback(self, reason: str) -> int | None:
+        """Roll every rank back to the in-memory snapshot now (collective).
+
+        Returns the restored step, or None when no rollback hook is wired. The guard's
+        escalation counters and strikes survive the rollback; the loop must continue after
+        the returned step (its data position is restored with the app state).
+        """
+        return actions.rollback(self, reason)
+
+    # --- the step -------------------------------------------------------------------
+    def step(self, fwd_bwd: Callable[[], Any], *,
+             samples: Sequence[int] | Callable[[], Sequence[int]] | None = None) -> StepResult:
+        """Run one optimizer step under guard.
+
+        Cost on a clean step: the closure, one pre-reduce read of the gradients (DDP and
+        FSDP2; none without a wrapper), one all-reduce of ``3 + 2·world`` floats (none at
+        world 1) and one host read of it. On a faulty step: an all-gather of per-rank
+        details and (policy ``replay``) one more forward/backward.
+        ``samples``: this rank's dataset indices of the step (or a callable returning
+        them, evaluated only on a faulty step), logged when a fault is persistent.
+        Raises ``TitanAbort(exit_code=GAVE_UP)`` when the escalation ladder ends in abort.
+        """
+        s = self.step_count + 1
+        if self.check is None:
+            return actions.unguarded_step(self, fwd_bwd, s)
+        rng0 = capture_rng()  # ~20 µs; any rank may ask for a verification replay
+        loss, obs = self._run(fwd_bwd, verify=self._verify_next)
+        self._verify_next = False
+        verify = obs.verify  # agreed through the exchange: all ranks replay or none
+        verdict = self._judge(obs)
+        res = StepResult(step=s, loss=obs.losses[self.rank], loss_mean=_mean(obs.losses), grad_norm=obs.grad_norm,
+                         skipped=False, reason=verdict.kind)
+        apply_obs: Observation | None = obs
+        if verdict.bad or verify:
+            info = gather_objects({"rank": self.rank, "node": self.node,
+                                   "samples": _samples(samples),
+                                   "bad_units": self._bad_units(verdict)}, self.group)
+            if verdict.bad:
+                res.culprit = actions.describe_culprit(verdict, info)
+                actions.report_fault(self, s, verdict, obs, res.culprit)
+            if self.policy.replay or verify:
+                rng1 = capture_rng()
+                restore_rng(rng0)
+                _, obs2 = self._run(fwd_bwd)
+                restore_rng(rng1)  # the RNG stream continues as if no replay had run
+                v2 = self._judge(obs2)
+                if verify:
+                    res.replay_match = (obs2.losses == obs.losses and obs2.local_norms == obs.local_norms)
+                    actions.report_verify(self, s, obs, obs2, res.replay_match)
+                if verdict.bad:
+                    res.classification = "persistent" if v2.bad else "transient"
+                    if (v2.kind == "nonfinite" and verdict.kind == "nonfinite" and self.scaler is not None
+                            and self._finite_unscaled(fwd_bwd, rng0)):
+                        # fp16 overflow turns into NaN inside the backward (inf·0, inf−inf) and
+                        # reproduces at the same scale; finite at scale 1 means: the scale.
+                        res.classification, res.reason = "overflow", "overflow"
+                    actions.report_replay(self, s, verdict, v2, res, info)
+                    if res.classification == "transient" and self.policy.transient_action == "apply_replay" \
+                            and v2.kind is None:
+                        apply_obs, verdict = obs2, v2
+                        res.grad_norm = obs2.grad_norm
+                else:
+                    apply_obs = obs2
+            if verdict.bad:
+                apply_obs = None
+                if res.classification == "overflow":
+                    verdict = Verdict("overflow", verdict.ranks, verdict.detail)
+                elif res.classification != "transient":
+                    self.escalator.record_persistent(s)
+        if verdict.kind == "overflow":
+            apply_obs = None
+        if apply_obs is None:
+            actions.skip(self, s, verdict, res)
+        else:
+            actions.apply(self, apply_obs)
+        self.step_count = s
+        if res.reason != "overflow":  # the scaler's normal business: neither a skip nor progress
+            self.escalator.record_step(skipped=res.skipped)
+        actions.maybe_escalate(self, s, res)
+        return res
+
+    def _run(self, fwd_bwd: Callable[[], Any], verify: bool = False) -> tuple[Any, Observation]:
+        assert self.check is not None
+        self.check.begin_step()
+        loss = fwd_bwd()
+        dev = self.check.device()
+        loss_t = loss.detach() if isinstance(loss, torch.Tensor) else torch.tensor(float(loss), device=dev)
+        units = self.check.local_unit_norms()
+        scale = self.scaler._scale if self.scaler is not None and self.scaler._scale is not None else None
+        obs = exchange(loss_t.to(dev), torch.linalg.vector_norm(units), self.check.norm_slot(),
+                       partial_sq=self.check.norm_is_partial_sq, scale=scale, verify=verify,
+                       group=self.group)
+        self._last_units = units
+        return loss, obs
+
+    def _finite_unscaled(self, fwd_bwd: Callable[[], Any], rng0: dict[str, Any]) -> bool:
+        """Replay once more with the loss scale at 1 (RNG restored); True if finite everywhere."""
+        sc = self.scaler
+        saved = sc._scale.clone()
+        rng1 = capture_rng()
+        restore_rng(rng0)
+        sc._scale.fill_(1.0)
+        try:
+            _, obs = self._run(fwd_bwd)
+        finally:
+            sc._scale.copy_(saved)
+            restore_rng(rng1)
+        return not obs.nonfinite
+
+    def _judge(self, obs: Observation) -> Verdict:
+        p = self.policy
+        return judge(obs, loss_stats=self.loss_stats, grad_stats=self.grad_stats, spike_z=p.spike_z,
+                     loss_spike=p.loss_spike, grad_spike=p.grad_spike, scaler=self.scaler is not None)
+
+    def _bad_units(self, verdict: Verdict) -> list[list[str]]:
+        """This rank's non-finite units as [unit, group, kind] (fault path; one host read)."""
+        if verdict.kind != "nonfinite" or self.check is None:
+            return []
+        norms = self._last_units.tolist()
+        groups = self.check.unit_groups()
+        return [[self.check.unit_names[i], groups[i], "nan" if math.isnan(v) else "inf"]
+                for i, v in enumerate(norms) if not math.isfinite(v)]
+
+    # --- state ----------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """The guard's saved state (``titan.checkpoint`` saves it with the app state).
+
+        Flat on purpose — scalars plus one JSON string — so that DCP, which flattens nested
+        containers and loads into the *current* structure, restores it whole:
+        ``version``, ``step_count``, ``skipped_total``, ``lr_scale``, ``escalation_level``
+        and ``detail_json`` (loss/grad statistics, escalation counters, strikes per node,
+        the policy it ran with).
+        """
+        detail = {"loss_stats": self.loss_stats.state_dict(), "grad_stats": self.grad_stats.state_dict(),
+                  "escalator": self.escalator.state_dict(), "strikes": dict(self.strikes),
+                  "policy": {k: list(v) if isinstance(v, tuple) else v
+                             for k, v in dataclasses.asdict(self.policy).items()}}
+        return {"version": 1, "step_count": self.step_count, "skipped_total": self.skipped_total,
+                "lr_scale": self.lr_scale, "escalation_level": self.escalator.level,
+                "detail_json": json.dumps(detail)}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore :meth:`state_dict` output. During a guard rollback the escalation
+        counters, strikes and LR scale are kept (the ladder must not restart)."""
+        detail = json.loads(state["detail_json"])
+        self.step_count = int(state["step_count"])
+        self.skipped_total = int(state["skipped_total"])
+        self.loss_stats.load_state_dict(detail["loss_stats"])
+        self.grad_stats.load_state_dict(detail["grad_stats"])
+        keep = self._keep_on_load
+        self.escalator.load_state_dict(keep["escalator"] if keep else detail["escalator"])
+        self.strikes = dict(keep["strikes"] if keep else detail["strikes"])
+        self.lr_scale = float(keep["lr_scale"] if keep else state["lr_scale"])
+
+    def close(self) -> None:
+        """Detach the check from the model (DDP's hook becomes a plain all-reduce)."""
+        if self.check is not None:
+            self.check.close()
+
+
+def _samples(samples: Any) -> list[int] | None:
+    if samples is None:
+        return None
+    return [int(i) for i in (samples() if callable(samples) else samples)]
+
+
+def _mean(xs: Sequence[float]) -> float:
+    return sum(xs) / len(xs) if xs else math.nan

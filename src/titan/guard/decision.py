@@ -1,0 +1,160 @@
+"""One exchange per step and one verdict, identical on every rank.
+
+Each rank writes its own slots of a small float32 vector — its loss and its pre-reduce
+local gradient norm (NaN/Inf there *is* the non-finite check) — and rank 0 writes the
+global gradient norm and the loss scale (FSDP2: every rank adds its partial sum of
+squares). One ``SUM`` all-reduce of ``3 + 2·world`` floats later, every rank holds bitwise the same vector
+(adding zeros is exact), reads it to the host once, and runs the same pure function
+:func:`judge` on it with the same statistics: a rank can never decide alone, and every
+float compared to a threshold is an exchanged value.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import torch
+
+from titan.guard.stats import RobustWindow
+
+__all__ = ["Observation", "Verdict", "exchange", "judge", "gather_objects"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Observation:
+    """What every rank knows after the step's exchange (host floats + the device norm)."""
+
+    losses: tuple[float, ...]
+    codes: tuple[int, ...]
+    local_norms: tuple[float, ...]
+    grad_norm: float  # of the reduced gradients, divided by the loss scale
+    scale: float
+    norm_t: torch.Tensor  # device tensor of the (scaled) global norm, for clipping
+    verify: bool = False  # some rank asked for a verification replay of this step
+
+    @property
+    def nonfinite(self) -> bool:
+        return (any(c > 0 for c in self.codes) or not math.isfinite(self.grad_norm)
+                or not all(math.isfinite(x) for x in self.losses))
+
+
+def _dist_world(group: Any) -> tuple[int, int]:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(group), dist.get_world_size(group)
+    return 0, 1
+
+
+def _code(local_norm: float) -> int:
+    # The local norm carries the check: NaN if any unit held a NaN, +Inf if any held an
+    # Inf (or the norm overflowed float32) and none a NaN.
+    return 2 if math.isnan(local_norm) else (1 if math.isinf(local_norm) else 0)
+
+
+def exchange(loss: torch.Tensor, local_norm: torch.Tensor, norm_slot: torch.Tensor,
+             *, partial_sq: bool, scale: torch.Tensor | None, verify: bool = False,
+             group: Any = None) -> Observation:
+    """Build and all-reduce the step vector; one host read. Collective when world > 1.
+
+    Layout ``[norm, scale, loss_0..loss_{W-1}, local_0..local_{W-1}, verify]``; rank r
+    writes the two slots ``2 + r`` and ``2 + W + r`` (one strided write), rank 0 the first
+    two, and every rank that asked for a verification replay adds 1 to the last.
+    Cost: one ``all_reduce`` of ``3 + 2·world`` float32 (none at world 1) and one
+    device-to-host copy of the same size.
+    """
+    import torch.distributed as dist
+
+    rank, world = _dist_world(group)
+    dev = norm_slot.device
+    one = torch.ones((), dtype=torch.float32, device=dev)
+    head = torch.stack([norm_slot.detach().float().reshape(()), scale.float().reshape(()) if scale is not None else one])
+    mine = torch.stack([loss.detach().float().reshape(()), local_norm.float().reshape(())])
+    flag = torch.full((1,), 1.0 if verify else 0.0, dtype=torch.float32, device=dev)
+    if world == 1:
+        vec = torch.cat([head, mine, flag])
+    else:
+        vec = torch.zeros(3 + 2 * world, dtype=torch.float32, device=dev)
+        vec[2 + rank:2 + 2 * world:world] = mine
+        if verify:
+            vec[-1:] = flag
+        if rank == 0:
+            vec[:2] = head
+        elif partial_sq:
+            vec[0] = head[0]
+        dist.all_reduce(vec, group=group)
+    norm_t = vec[0].sqrt() if partial_sq else vec[0]
+    host = vec.tolist()  # the guard's one host sync per optimizer step
+    scale_f = host[1]
+    norm = math.sqrt(host[0]) if partial_sq and host[0] >= 0 else host[0]
+    locals_ = tuple(host[2 + world:2 + 2 * world])
+    return Observation(
+        losses=tuple(host[2:2 + world]),
+        codes=tuple(_code(x) for x in locals_),
+        local_norms=locals_,
+        grad_norm=norm / scale_f if scale_f else norm,
+        scale=scale_f,
+        norm_t=norm_t,
+        verify=host[-1] > 0,
+    )
+
+
+def gather_objects(obj: Any, group: Any = None) -> list[Any]:
+    """All-gather one picklable object per rank (fault path only). Collective."""
+    import torch.distributed as dist
+
+    _, world = _dist_world(group)
+    if world == 1:
+        return [obj]
+    out: list[Any] = [None] * world
+    dist.all_gather_object(out, obj, group=group)
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Verdict:
+    """``kind``: None (clean), nonfinite, overflow, loss_spike or grad_spike."""
+
+    kind: str | None
+    ranks: tuple[int, ...] = ()
+    detail: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    @property
+    def bad(self) -> bool:
+        """A fault the guard handles itself (overflow is the scaler's business)."""
+        return self.kind is not None and self.kind != "overflow"
+
+
+def judge(obs: Observation, *, loss_stats: RobustWindow, grad_stats: RobustWindow, spike_z: float,
+          loss_spike: bool, grad_spike: bool, scaler: bool) -> Verdict:
+    """Classify one step; a pure function of identical inputs on every rank.
+
+    Non-finite: a rank whose loss is non-finite, or whose pre-reduce gradients hold a NaN
+    (with a GradScaler) or any NaN/Inf (without), is a culprit. With a scaler, ±Inf-only
+    gradients are an *overflow* (the scaler lowers its scale; no strike). A non-finite
+    global norm with no culprit means the values appeared in the collective itself.
+    """
+    if obs.nonfinite:
+        bad_loss = [r for r, x in enumerate(obs.losses) if not math.isfinite(x)]
+        limit = 2 if scaler else 1
+        bad_grad = [r for r, c in enumerate(obs.codes) if c >= limit]
+        ranks = tuple(sorted(set(bad_loss) | set(bad_grad)))
+        if not ranks and scaler and (any(c == 1 for c in obs.codes) or math.isinf(obs.grad_norm)):
+            return Verdict("overflow", (), {"codes": list(obs.codes)})
+        where = "local" if ranks else "collective"
+        return Verdict("nonfinite", ranks, {"codes": list(obs.codes), "loss_ranks": bad_loss, "origin": where})
+    if loss_spike and loss_stats.ready:
+        zs = [loss_stats.z(x) for x in obs.losses]
+        ranks = tuple(r for r, z in enumerate(zs) if z > spike_z)
+        if ranks:
+            med, _ = loss_stats.center_scale()
+            return Verdict("loss_spike", ranks, {"z": [round(z, 2) for z in zs], "median": med})
+    if grad_spike and grad_stats.ready:
+        z = grad_stats.z(obs.grad_norm)
+        if z > spike_z:
+            top = max(range(len(obs.local_norms)), key=lambda r: obs.local_norms[r])
+            med, _ = grad_stats.center_scale()
+            return Verdict("grad_spike", (top,), {"z": round(z, 2), "median_norm": math.exp(med)})
+    return Verdict(None)

@@ -1,0 +1,154 @@
+"""The smallest possible wrapper around torchelastic's agent.
+
+Why a subclass (docs/launch.md): torchelastic records per-worker states only when the
+whole job ends, so a failure that is followed by a successful restart never appears in
+its event stream with its exit code, signal and pid. The agent *does* see each failure
+as it happens: ``_monitor_workers`` returns it. ``TitanAgent`` overrides exactly two
+methods, each of which calls the original and adds one thing:
+
+* ``_monitor_workers``: records each new failure as ``worker.failed`` (global and local
+  rank, pid, exit code, signal name, ``@record`` error data) the tick it is seen; turns
+  a worker's ``GAVE_UP``/``PREEMPTED`` exit, or an abort file (``titan.launch.abort``),
+  into "no restarts left" so the agent stops its workers the normal way and returns.
+* ``_restart_workers``: records ``launcher.restart`` (attempt, reason) before delegating,
+  and refuses to restart when an abort is pending.
+
+``launch_agent`` builds ``LocalElasticAgent`` by its module-global name with no hook to
+inject a subclass, so :func:`patched_agent` swaps that one name for the duration of a
+launch and restores it. No agent logic is copied.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import signal
+from typing import Any, Callable, Iterator
+
+from titan.exitcodes import ExitCode
+from titan.launch.abort import AbortRequest, read_abort, request_abort
+from titan.launch.recorder import LauncherRecorder, signal_name
+
+__all__ = ["patched_agent", "STOP_CODES"]
+
+log = logging.getLogger(__name__)
+
+#: Worker exit codes that end the job without a restart.
+STOP_CODES = {int(ExitCode.GAVE_UP): ExitCode.GAVE_UP, int(ExitCode.PREEMPTED): ExitCode.PREEMPTED}
+
+
+def _make_agent_class(base: type, recorder: LauncherRecorder, on_abort: Callable[[AbortRequest], None]) -> type:
+    class TitanAgent(base):  # type: ignore[misc, valid-type]
+        """``LocalElasticAgent`` that reports failures as they happen and honours aborts."""
+
+        _titan_seen: set[tuple[int, int, int]]
+        _titan_abort: AbortRequest | None = None
+
+        def _titan_attempt(self) -> int:
+            spec = self._worker_group.spec
+            return int(spec.max_restarts - self._remaining_restarts)
+
+        def _titan_check_abort(self) -> AbortRequest | None:
+            if self._titan_abort is None:
+                req = read_abort(recorder.run_dir, recorder.node)
+                if req is not None:
+                    self._titan_abort = req
+                    self._remaining_restarts = 0
+                    recorder.emit("launcher.abort", f"abort requested: {req.reason}", level="warning",
+                                  data={"exit_code": int(req.exit_code), "reason": req.reason,
+                                        "by": req.get("by"), "file": req.get("path")})
+                    on_abort(req)
+            return self._titan_abort
+
+        def _monitor_workers(self, worker_group: Any) -> Any:
+            result = super()._monitor_workers(worker_group)
+            attempt = self._titan_attempt()
+            if not hasattr(self, "_titan_seen"):
+                self._titan_seen = set()
+            failures = result.failures or {}
+            # torchelastic SIGTERMs the rest of the group on the first failure and lists
+            # them too (bookkeeping); those are stops, not failures.
+            root_cause = any(int(f.exitcode) != -signal.SIGTERM for f in failures.values())
+            for grank, failure in sorted(failures.items()):
+                key = (attempt, int(grank), int(failure.pid))
+                if key in self._titan_seen:
+                    continue
+                self._titan_seen.add(key)
+                code = int(failure.exitcode)
+                sig = signal_name(code)
+                err = failure.error_file_data or {}
+                data = {"global_rank": int(grank), "local_rank": int(failure.local_rank), "pid": int(failure.pid),
+                        "exit_code": code, "signal": sig, "attempt": attempt,
+                        "error_file": failure.error_file if failure.error_file not in ("", "<N/A>") else None,
+                        "error": _error_message(err), "traceback": _error_traceback(err)}
+                if root_cause and code == -signal.SIGTERM:
+                    recorder.emit("worker.stopped", f"rank {grank} (pid {failure.pid}) stopped by the agent "
+                                  f"after a failure in its group", level="info", data=data)
+                    continue
+                with recorder.lock:
+                    recorder.failures.append(data)
+                recorder.emit("worker.failed",
+                              f"rank {grank} (pid {failure.pid}) " +
+                              (f"killed by {sig}" if sig else f"exited with {code}") + f" in attempt {attempt}",
+                              level="error", data=data)
+                if code in STOP_CODES and self._titan_abort is None:
+                    # The worker decided the job must stop; torchrun would restart it.
+                    request_abort(recorder.run_dir, f"rank {grank} exited {STOP_CODES[code].name}",
+                                  exit_code=STOP_CODES[code], node=recorder.node, by=f"rank {grank}")
+            if self._titan_check_abort() is not None and result.state.name == "HEALTHY":
+                from torch.distributed.elastic.agent.server.api import RunResult, WorkerState
+
+                return RunResult(state=WorkerState.FAILED, failures=result.failures)
+            return result
+
+        def _restart_workers(self, worker_group: Any) -> None:
+            if self._titan_check_abort() is not None:
+                raise _AbortRestart()
+            prev = worker_group.state.name
+            reason = "membership change" if prev == "HEALTHY" else f"worker group {prev.lower()}"
+            nxt = self._titan_attempt()
+            with recorder.lock:
+                recorder.restarts += 1
+            recorder.emit("launcher.restart", f"restarting the worker group ({reason}), attempt {nxt}",
+                          level="warning", data={"attempt": nxt, "reason": reason,
+                                                 "remaining_restarts": int(self._remaining_restarts)})
+            recorder.set_attempt(nxt)
+            super()._restart_workers(worker_group)
+
+    return TitanAgent
+
+
+class _AbortRestart(Exception):
+    """Raised inside the agent when an abort arrives between failure and restart."""
+
+
+@contextlib.contextmanager
+def patched_agent(recorder: LauncherRecorder, on_abort: Callable[[AbortRequest], None]) -> Iterator[type]:
+    """Make ``torch.distributed.launcher.api`` build a ``TitanAgent`` while inside."""
+    from torch.distributed.launcher import api
+
+    original = api.LocalElasticAgent
+    cls = _make_agent_class(original, recorder, on_abort)
+    api.LocalElasticAgent = cls
+    try:
+        yield cls
+    finally:
+        api.LocalElasticAgent = original
+
+
+def _error_message(err: Any) -> str | None:
+    """The ``@record`` error's message, or None when the worker wrote no error file."""
+    if not isinstance(err, dict):
+        return None
+    msg = err.get("message")
+    if isinstance(msg, dict):  # {"message": {"message": "...", "extraInfo": {...}}}
+        msg = msg.get("message")
+    return str(msg) if msg and msg != "<NONE>" else None
+
+
+def _error_traceback(err: Any) -> str | None:
+    """The worker's Python traceback from its ``@record`` error file (last 4000 chars)."""
+    if not isinstance(err, dict) or not isinstance(err.get("message"), dict):
+        return None
+    tb = (err["message"].get("extraInfo") or {}).get("py_callstack")
+    return str(tb)[-4000:] if tb else None

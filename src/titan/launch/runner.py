@@ -1,0 +1,225 @@
+"""``titan run``'s engine: run directory, ``run.json``, environment, torchrun, outcome.
+
+Cost: one in-process call of ``torch.distributed.run.run`` (torchelastic's agent runs in
+this process and spawns the workers); a few small file writes around it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import os
+import platform
+import signal
+import socket
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterator, Mapping, Sequence
+
+from titan import __version__
+from titan.events import RunDir, default_node_id
+from titan.exitcodes import ExitCode
+from titan.launch.abort import AbortRequest, abort_file
+from titan.launch.agent import STOP_CODES, _AbortRestart, _error_message, patched_agent
+from titan.launch.options import Entrypoint, LaunchOptions, parse_torchrun, rdzv_conf, torchrun_argv
+from titan.launch.recorder import HANDLER_NAME, LauncherRecorder, install_elastic_handler, signal_name
+from titan.settings import Settings
+from titan.settings.env import TITAN_NODE_ID, TITAN_RUN_DIR, TITAN_RUN_ID, TITAN_SETTINGS_JSON
+from titan.watchdog.launch_hooks import refuse_if_excluded, watching  # issue 5
+
+__all__ = ["LaunchResult", "prepare", "launch", "DISABLE_SHARED_STORE_VAR"]
+
+log = logging.getLogger(__name__)
+
+#: torch's switch that gives workers their own TCP store instead of the agent's.
+DISABLE_SHARED_STORE_VAR = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
+_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
+
+
+@dataclasses.dataclass
+class LaunchResult:
+    """How one ``titan run`` ended."""
+
+    exit_code: ExitCode
+    run_dir: RunDir
+    node: str
+    restarts: int
+    failures: list[dict[str, Any]]
+    torchrun: dict[str, Any]
+    abort: dict[str, Any] | None = None
+
+
+@dataclasses.dataclass
+class Prepared:
+    opts: LaunchOptions
+    settings: Settings
+    entry: Entrypoint
+    node: str
+    run_id: str
+    rdzv_id: str
+    argv: list[str]
+    targs: Any
+
+
+def prepare(opts: LaunchOptions, settings: Settings, entry: Entrypoint) -> Prepared:
+    """Validate everything; writes nothing. Raises ``UserError``."""
+    from titan.events.rundir import check_id, new_run_id
+
+    opts.validate()
+    node = check_id(settings.run.node_id or default_node_id(), "node id")
+    run_id = check_id(opts.run_id or new_run_id(), "run id")
+    rdzv_id = opts.rdzv_id or run_id
+    argv = torchrun_argv(opts, settings, entry, rdzv_id=rdzv_id, event_handler=HANDLER_NAME)
+    targs = parse_torchrun(argv)
+    return Prepared(opts, settings, entry, node, run_id, rdzv_id, argv, targs)
+
+
+@contextlib.contextmanager
+def _scoped_process_state(environ: Mapping[str, str]) -> Iterator[None]:
+    """Give this process (and so the workers) ``environ``; restore env and signal handlers after."""
+    saved_env = dict(os.environ)
+    saved_sigs = {}
+    for name in _SIGNALS:
+        with contextlib.suppress(ValueError, AttributeError):
+            saved_sigs[name] = signal.getsignal(getattr(signal, name))
+    os.environ.clear()
+    os.environ.update(environ)
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved_env)
+        for name, h in saved_sigs.items():
+            with contextlib.suppress(ValueError, TypeError):
+                signal.signal(getattr(signal, name), h)
+
+
+@contextlib.contextmanager
+def _run_json_lock(rd: RunDir) -> Iterator[None]:
+    """Serialise read-modify-write of run.json between nodes sharing one run directory."""
+    import fcntl
+
+    fd = os.open(rd.path / ".run.json.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _merge_run_json(rd: RunDir, node: str, node_info: Mapping[str, Any], updates: Mapping[str, Any]) -> None:
+    with _run_json_lock(rd):
+        nodes = dict(rd.read_run_json().get("nodes") or {})
+        nodes[node] = dict(node_info)
+        rd.update_run_json({**updates, "nodes": nodes})
+
+
+def _versions() -> dict[str, str]:
+    import torch
+
+    return {"python": platform.python_version(), "torch": torch.__version__, "titan": __version__}
+
+
+def launch(p: Prepared, *, runs_root: Path, command: Sequence[str], base_env: Mapping[str, str],
+           cwd: Path, on_run_dir: Callable[[RunDir], None] | None = None) -> LaunchResult:
+    """Create the run directory, run torchrun's agent in-process, record and map the outcome."""
+    import torch
+    from torch.distributed import run as tdr
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    rd = RunDir.create(runs_root, p.run_id)
+    if on_run_dir is not None:
+        on_run_dir(rd)
+    refuse_if_excluded(rd, p.node, p.settings)  # titan.watchdog (issue 5): an excluded node does not join
+    with contextlib.suppress(FileNotFoundError):
+        abort_file(rd, p.node).unlink()  # a stale request from an earlier launch of this node
+    settings = p.settings
+    env = dict(base_env)
+    env.update({TITAN_RUN_DIR: str(rd.path.resolve()), TITAN_RUN_ID: rd.run_id, TITAN_NODE_ID: p.node,
+                TITAN_SETTINGS_JSON: settings.to_json()})
+    if settings.run.disable_shared_rdzv_store:
+        env[DISABLE_SHARED_STORE_VAR] = "1"
+    if p.entry.module:
+        env["PYTHONPATH"] = os.pathsep.join(x for x in (str(cwd), env.get("PYTHONPATH", "")) if x)
+    nproc = p.targs.nproc_per_node
+    omp = env.get("OMP_NUM_THREADS") or ("1" if str(nproc).isdigit() and int(nproc) > 1 else None)
+    started = time.time()
+    node_info = {
+        "hostname": socket.gethostname(), "pid": os.getpid(), "started_at": started,
+        "threads": {"omp_num_threads_workers": omp, "launcher_intra_op": torch.get_num_threads(),
+                    "cpu_count": os.cpu_count()},
+        "torchrun_argv": p.argv,
+    }
+    _merge_run_json(rd, p.node, node_info, {
+        "run_id": rd.run_id, "command": list(command), "entrypoint": p.entry.describe(),
+        "settings": settings.to_dict(), "settings_sources": settings.sources, "versions": _versions(),
+        "hostname": node_info["hostname"], "node_id": p.node, "threads": node_info["threads"],
+        "launcher": {"nproc_per_node": nproc, "nnodes": p.opts.nnodes, "rdzv_backend": p.targs.rdzv_backend,
+                     "rdzv_endpoint": p.targs.rdzv_endpoint, "rdzv_id": p.rdzv_id,
+                     "rdzv_conf": rdzv_conf(p.opts.rdzv_conf, settings),
+                     "max_restarts": settings.run.max_restarts, "local_addr": p.opts.local_addr,
+                     DISABLE_SHARED_STORE_VAR: env.get(DISABLE_SHARED_STORE_VAR)},
+        "started_at": started, "status": "running",
+    })
+    rec = LauncherRecorder(rd, p.node)
+    rec.emit("launcher.started", f"titan run: {p.entry.describe()}", data={
+        "nproc_per_node": nproc, "nnodes": p.opts.nnodes, "max_restarts": settings.run.max_restarts,
+        "pid": os.getpid(), "torchrun_argv": p.argv})
+    aborts: list[AbortRequest] = []
+    raw: dict[str, Any] = {}
+    install_elastic_handler(rec)
+    try:
+        # titan.watchdog (issue 5): the hang/straggler watchdog runs beside the agent
+        with _scoped_process_state(env), patched_agent(rec, aborts.append), watching(rd, p.node, settings):
+            try:
+                tdr.run(p.targs)
+                raw = {"outcome": "succeeded", "exit_code": 0}
+            except ChildFailedError as e:
+                raw = {"outcome": "child_failed", "exit_code": 1, "failures": {
+                    str(r): {"exit_code": f.exitcode, "signal": signal_name(f.exitcode), "pid": f.pid,
+                             "local_rank": f.local_rank, "message": _error_message({"message": f.message}),
+                             "error_file": f.error_file}
+                    for r, f in e.failures.items()}}
+            except SignalException as e:
+                raw = {"outcome": "signal", "exit_code": 128 + int(e.sigval), "signal": signal.Signals(e.sigval).name}
+            except _AbortRestart:
+                raw = {"outcome": "aborted", "exit_code": 1}
+            except Exception as e:  # rendezvous timeouts, store errors: the job failed
+                log.debug("torchrun failed", exc_info=True)
+                raw = {"outcome": "error", "exit_code": 1, "error": f"{type(e).__name__}: {e}"}
+    finally:
+        install_elastic_handler(None)
+    code = _map_outcome(raw, aborts, rec)
+    finished = time.time()
+    abort = dict(aborts[0]) if aborts else None
+    rec.emit("launcher.finished", f"titan run finished: {code.name}", level="info" if code in (
+        ExitCode.SUCCEEDED, ExitCode.PREEMPTED) else "error", data={
+        "exit_code": int(code), "exit_name": code.name, "restarts": rec.restarts, "failures": len(rec.failures),
+        "torchrun": raw, "duration_s": round(finished - started, 3), "abort": abort})
+    rec.close()
+    node_info.update({"finished_at": finished, "exit_code": int(code), "restarts": rec.restarts})
+    _merge_run_json(rd, p.node, node_info, {
+        "torchrun": raw, "exit_code": int(code), "exit_name": code.name, "finished_at": finished,
+        "duration_s": round(finished - started, 3), "restarts": rec.restarts, "failures": rec.failures,
+        "abort": abort, "status": "finished",
+        "worker_pids": {str(a): {str(r): pid for r, pid in m.items()} for a, m in rec.worker_pids.items()},
+    })
+    return LaunchResult(code, rd, p.node, rec.restarts, list(rec.failures), raw, abort)
+
+
+def _map_outcome(raw: Mapping[str, Any], aborts: list[AbortRequest], rec: LauncherRecorder) -> ExitCode:
+    outcome = raw.get("outcome")
+    if outcome == "succeeded":  # every worker finished; an abort that came too late is moot
+        return ExitCode.SUCCEEDED
+    if aborts:
+        return aborts[0].exit_code
+    if outcome == "signal":
+        # SIGTERM to the launcher is how schedulers preempt; the agent forwarded it.
+        return ExitCode.PREEMPTED if raw.get("signal") == "SIGTERM" else ExitCode.INTERRUPTED
+    codes = {int(f.get("exit_code", 0)) for f in (raw.get("failures") or {}).values()}
+    for c, ec in STOP_CODES.items():
+        if c in codes:
+            return ec
+    return ExitCode.JOB_FAILED

@@ -1,0 +1,13 @@
+"""Node ledger: strikes per node (hangs, crashes, guard transients, stragglers) and exclusion."""
+
+from __future__ import annotations
+
+from titan.ledger.store import KINDS, Ledger, NodeRecord, Strike, default_ledger_path
+
+__all__ = ["KINDS", "Ledger", "NodeRecord", "Strike", "default_ledger_path", "ledger_from_settings"]
+
+
+def ledger_from_settings(settings) -> Ledger:  # noqa: ANN001 - titan.settings.Settings
+    """The ledger configured by ``watchdog.ledger_path`` / ``strike_limit`` / ``strike_window_s``."""
+    w = settings.watchdog
+    return Ledger(w.ledger_path or None, limit=w.strike_limit, window_s=w.strike_window_s)

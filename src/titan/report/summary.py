@@ -1,0 +1,80 @@
+"""The report's JSON and Markdown summaries."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from titan.events import utc_iso
+from titan.report.data import RunData
+from titan.sla.accounting import BUCKET_DOC, BUCKETS
+
+__all__ = ["summary_dict", "summary_markdown", "fmt_s"]
+
+
+def fmt_s(x: float | None) -> str:
+    """Seconds for people: '—' for None, then s / min / h."""
+    if x is None:
+        return "—"
+    if abs(x) < 120:
+        return f"{x:.2f} s"
+    if abs(x) < 7200:
+        return f"{x / 60:.1f} min"
+    return f"{x / 3600:.2f} h"
+
+
+def summary_dict(d: RunData) -> dict[str, Any]:
+    """``summary.json``: the accounting plus run facts, triage and what could not be read."""
+    out = d.acc.to_dict()
+    out.update({
+        "run_id": d.rd.run_id, "started": utc_iso(d.acc.t0), "ended": utc_iso(d.acc.t1), "ranks": d.ranks,
+        "command": d.run_json.get("command"), "triage": d.triage, "read_problems": d.problems,
+        "events": len(d.events),
+    })
+    return out
+
+
+def summary_markdown(d: RunData) -> str:
+    """``summary.md``: the same figures as the page's head, for a terminal or a ticket."""
+    a = d.acc
+    s = summary_dict(d)
+    out = [f"# Titan run report: {d.rd.run_id}", "",
+           f"- outcome: **{'succeeded' if a.outcome.get('succeeded') else 'failed'}** ({a.outcome.get('source')})",
+           f"- wall time: {fmt_s(a.wall_s)} ({utc_iso(a.t0)} → {utc_iso(a.t1)}), ranks: {len(d.ranks)}, "
+           f"attempts: {len(s['attempts'])}, last step: {s['steps']['last_step']}",
+           f"- goodput: **{a.goodput_fraction:.1%}**; interruptions: {s['interruptions']}",
+           f"- reconciliation: buckets sum {a.reconciliation['sum_s']:.3f} s vs {a.reconciliation['reference']} "
+           f"{a.reconciliation.get('recorded_wall_s', a.reconciliation['wall_s']):.3f} s "
+           f"(error {a.reconciliation['error_fraction']:.3%})", "",
+           "## Goodput and badput", "", "| cause | seconds | share | meaning |", "|---|---:|---:|---|"]
+    for k in BUCKETS:
+        v = a.buckets[k]
+        out.append(f"| {k} | {v:.3f} | {v / a.wall_s if a.wall_s else 0:.1%} | {BUCKET_DOC[k]} |")
+    out += ["", "## Incidents", ""]
+    if a.incidents:
+        out += ["| # | kind | onset (source) | detected by | rank | step | detection | RTO | RPO steps | RPO time |",
+                "|---|---|---|---|---|---|---:|---:|---:|---:|"]
+        for i in a.incidents:
+            out.append(f"| {i.index} | {i.kind} | +{i.onset_t - a.t0:.2f} s ({i.onset_source}) | {i.detect_kind} | "
+                       f"{'' if i.rank is None else i.rank} | {'' if i.step is None else i.step} | "
+                       f"{fmt_s(i.detection_s)} | {fmt_s(i.rto_s)} | {i.rpo_steps} | {fmt_s(i.rpo_s)} |")
+    else:
+        out.append("None.")
+    if d.triage is not None:
+        out += ["", "## Triage", ""]
+        t = d.triage
+        if not t.get("entry_point"):
+            out.append(f"Not available: {t.get('reason')}")
+        else:
+            for k in ("diagnosed", "class", "action", "scope", "culprit", "confidence", "reason", "first_anomaly"):
+                if t.get(k) is not None:
+                    out.append(f"- {k}: {t[k]}")
+    out += ["", "## Overhead of monitoring and defences (A/B)", ""]
+    ov = a.overhead
+    if ov.get("measured") is False:
+        out.append(ov.get("note", "not measured"))
+    else:
+        for k, v in ov.items():
+            out.append(f"- {k}: {v}")
+    if d.problems:
+        out += ["", "## Lines that could not be read", ""] + [f"- {p}" for p in d.problems[:50]]
+    return "\n".join(out) + "\n"

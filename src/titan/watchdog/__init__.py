@@ -1,0 +1,17 @@
+"""The hang watchdog (outside the workers), straggler detection and the restart policy.
+
+``Watchdog`` runs in ``titan run`` (one per node); ``titan.watchdog.policy`` is the
+worker side of restarts (backoff, give-up). Never imports torch.
+"""
+
+from __future__ import annotations
+
+from titan.watchdog.core import Watchdog, watchdog_events_file
+from titan.watchdog.culprit import RankView, Verdict, identify
+from titan.watchdog.straggler import StragglerDetector
+from titan.watchdog.timeouts import PhaseTimeouts, percentile
+
+__all__ = [
+    "PhaseTimeouts", "RankView", "StragglerDetector", "Verdict", "Watchdog", "identify", "percentile",
+    "watchdog_events_file",
+]

@@ -1,0 +1,112 @@
+"""Plan-driven drills end to end: real `titan run` jobs, real faults, verdicts that can fail.
+
+CI runs the quick plan (through the CLI, as `make demo` does), the defence-off case and the
+two-namespace 1 % loss case; `full`, the other link faults and partitions are `slow`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from titan.chaos.builtin_plans import builtin_plan
+from titan.chaos.drills import PlanDrill, run_plan_drill
+from titan.chaos.netns import netns_unavailable_reason
+from titan.chaos.plan import Plan
+from titan.cli.environment import Environment
+from titan.cli.main import run as cli_run
+from titan.exitcodes import ExitCode
+
+_NETNS = netns_unavailable_reason() or (None if shutil.which("nft") else "nftables (nft) is not installed")
+
+
+def _failed(rep: dict) -> str:
+    rows = [{k: f[k] for k in ("id", "detected_by", "attribution", "recovery", "checks")} for f in rep["faults"]]
+    return json.dumps({"problems": rep["problems"], "faults": rows, "run_dir": rep["run_dir"],
+                       "final_state_equal": rep["final_state_equal"], "launcher_exit": rep["launcher_exit"]}, indent=1)
+
+
+def _drill(tmp: Path, plan: Plan, steps: int, *, nodes: int = 1, sets: tuple[str, ...] = (),
+           reference: bool = True, timeout: float = 280.0, prefix: str = "tcd", subnet: int = 91):
+    cfg = PlanDrill(plan=plan, steps=steps, ckpt_every=5, nodes=nodes, runs_dir=tmp / "runs", timeout_s=timeout,
+                    sets=sets, reference=reference, netns_prefix=prefix, subnet=subnet)
+    return run_plan_drill(cfg, cwd=tmp, env=dict(os.environ)).to_dict()
+
+
+@pytest.mark.timeout(330)
+def test_titan_drill_default_quick_plan_passes_every_fault_with_bitwise_equal_final_model(tmp_path):
+    env = Environment.captured(tmp_path)
+    code = cli_run(["drill", "--json", "--timeout", "300"], env)
+    rep = json.loads(env.stdout.getvalue())
+    assert code == ExitCode.SUCCEEDED and rep["passed"], _failed(rep)
+    kinds = [f["kind"] for f in rep["faults"]]
+    assert kinds == ["nan_grad", "spike", "kill", "hang"], kinds
+    by = {f["kind"]: f for f in rep["faults"]}
+    assert by["nan_grad"]["detected_by"].startswith("guard") and by["spike"]["detected_by"].startswith("guard")
+    assert by["kill"]["detected_by"].startswith("launcher") and by["kill"]["steps_lost"] == 2
+    assert by["hang"]["detected_by"].startswith("watchdog") and "phase comm" in by["hang"]["attribution"]
+    assert rep["final_state_equal"] is True and rep["skipped_steps"] == [4, 13] and rep["restarts"] == 2
+    for f in rep["faults"]:
+        for key in ("kind", "rank", "node", "step", "expected", "detected", "detected_by", "detection_s",
+                    "attributed_ok", "recovered", "recovery", "rto_s", "steps_lost", "final_state_equal"):
+            assert key in f, key
+    assert json.loads((Path(rep["run_dir"]) / "chaos" / "verdict.json").read_text())["passed"] is True
+
+
+@pytest.mark.timeout(200)
+def test_a_fault_whose_defence_is_switched_off_fails_the_drill(tmp_path):
+    env = Environment.captured(tmp_path)
+    plan = Plan(name="guard-off").nan_grad(rank=1, step=3)
+    plan.save(tmp_path / "p.toml")
+    code = cli_run(["drill", "--json", "--plan", str(tmp_path / "p.toml"), "--steps", "6", "--no-reference",
+                    "--set", "guard.enabled=false", "--timeout", "180"], env)
+    rep = json.loads(env.stdout.getvalue())
+    assert code == ExitCode.DRILL_FAILED and not rep["passed"], _failed(rep)
+    (f,) = rep["faults"]
+    assert f["injected"] and not f["detected"] and f["checks"]["detected"] is False, _failed(rep)
+
+
+@pytest.mark.netns
+@pytest.mark.skipif(_NETNS is not None, reason=str(_NETNS))
+@pytest.mark.timeout(150)
+def test_two_namespace_nodes_ride_out_one_percent_loss_without_a_restart(tmp_path):
+    plan, steps, _ = builtin_plan("loss1")
+    rep = _drill(tmp_path, plan, steps, nodes=2, timeout=120, prefix="tcl", subnet=92)
+    assert rep["passed"], _failed(rep)
+    assert rep["restarts"] == 0 and rep["final_state_equal"] is True and rep["wall_s"] <= 60, rep["wall_s"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_full_plan_passes_on_two_ranks(tmp_path):
+    plan, steps, _ = builtin_plan("full")
+    rep = _drill(tmp_path, plan, steps, timeout=840)
+    assert rep["passed"], _failed(rep)
+    assert {f["kind"] for f in rep["faults"]} >= {"bitflip", "preempt", "disk", "stress", "exception", "hang"}
+
+
+@pytest.mark.slow
+@pytest.mark.netns
+@pytest.mark.skipif(_NETNS is not None, reason=str(_NETNS))
+@pytest.mark.timeout(400)
+def test_bandwidth_cut_delay_and_short_partition_are_ridden_out_across_two_nodes(tmp_path):
+    plan, steps, _ = builtin_plan("net")
+    rep = _drill(tmp_path, plan, steps, nodes=2, timeout=360, prefix="tcn", subnet=93)
+    assert rep["passed"] and rep["restarts"] == 0, _failed(rep)
+
+
+@pytest.mark.slow
+@pytest.mark.netns
+@pytest.mark.skipif(_NETNS is not None, reason=str(_NETNS))
+@pytest.mark.timeout(400)
+def test_long_partition_is_a_comm_hang_blamed_on_the_link_and_recovered_after_it_heals(tmp_path):
+    plan = Plan(name="partition-long").add("net", step=12, what="partition_long", seconds=12.0)
+    rep = _drill(tmp_path, plan, 24, nodes=2, timeout=360, prefix="tcp", subnet=94)
+    (f,) = rep["faults"]
+    assert rep["passed"], _failed(rep)
+    assert f["detected_by"].startswith("watchdog") and f["attribution"].startswith("link between nodes"), f
+    assert "phase comm" in f["attribution"] and f["recovery"].startswith("restart"), f

@@ -1,0 +1,50 @@
+"""Helpers for launcher tests: tiny worker scripts (no torch import unless needed)."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from titan.cli.environment import Environment
+from titan.cli.main import run as cli_run
+from titan.exitcodes import ExitCode
+
+#: A worker that announces itself, then behaves as ``PLAN[attempt][rank]`` says:
+#: "ok", "exit:N", "kill" (SIGKILL itself), "sleep" (until stopped).
+WORKER = textwrap.dedent('''
+    import os, signal, sys, time
+    from titan.worker import WorkerContext
+    ctx = WorkerContext.from_env()
+    ctx.events.emit("worker.started", data={"pid": os.getpid()})
+    plan = eval(sys.argv[1])
+    what = plan.get(ctx.attempt, {}).get(ctx.rank, plan.get("default", "ok"))
+    ctx.events.emit("test.plan", what)
+    if what != "ok":  # let every rank of this attempt announce itself before anyone dies
+        t0 = time.monotonic()
+        while (len(list(ctx.run_dir.events_dir.glob(f"*.attempt{ctx.attempt}.*.jsonl"))) < ctx.world_size
+               and time.monotonic() - t0 < 20):
+            time.sleep(0.05)
+    if what.startswith("exit:"):
+        sys.exit(int(what[5:]))
+    if what == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    if what == "sleep":
+        time.sleep(120)
+''')
+
+
+@pytest.fixture
+def worker_script(tmp_path: Path) -> Path:
+    p = tmp_path / "worker.py"
+    p.write_text(WORKER)
+    return p
+
+
+def titan(argv: list[str], cwd: Path) -> tuple[ExitCode, str, str]:
+    """Run the CLI in-process; returns (exit code, stdout, stderr)."""
+    env = Environment.captured(cwd)
+    code = cli_run(argv, env)
+    return code, env.stdout.getvalue(), env.stderr.getvalue()
+

@@ -1,0 +1,92 @@
+"""Restarts are reliable: a job killed 10 times in a row restarts every time.
+
+Two versions: the launcher's mechanics with torch-free workers (fast, always run), and
+real gloo groups formed through torchrun's store in every attempt (the case that was
+flaky with torchrun's defaults; ``slow``).
+"""
+
+from __future__ import annotations
+
+import json
+import textwrap
+
+import pytest
+
+from titan.events import read_run
+from titan.exitcodes import ExitCode
+
+from conftest import titan
+
+# Every attempt forms a real gloo group through torchrun's store and all-reduces; until
+# attempt 10 one rank then dies (alternating SIGKILL and exit 1), as a crashed trainer would.
+SCRIPT = textwrap.dedent('''
+    import os, signal, sys
+    import torch, torch.distributed as dist
+    from titan.worker import WorkerContext
+    ctx = WorkerContext.from_env()
+    dist.init_process_group("gloo")
+    t = torch.ones(1) * (ctx.rank + 1)
+    dist.all_reduce(t)
+    ctx.events.emit("test.allreduce", data={"value": float(t.item())})
+    if ctx.attempt < 10 and ctx.rank == ctx.attempt % 2:
+        if ctx.attempt % 4 < 2:
+            os.kill(os.getpid(), signal.SIGKILL)
+        sys.exit(1)
+    dist.barrier()
+    dist.destroy_process_group()
+''')
+
+
+@pytest.mark.slow  # ~90 s here: 11 attempts x 2 workers importing torch on 2 shared cores
+@pytest.mark.timeout(300)
+def test_ten_gloo_restarts_in_a_row_without_a_miss(tmp_path, monkeypatch):
+    # Ten crashes of one node would (rightly) exclude it under the node ledger's default
+    # limit; this test is about the launcher's restarts, so the limit is lifted.
+    monkeypatch.setenv("TITAN_WATCHDOG_STRIKE_LIMIT", "1000")
+    script = tmp_path / "flaky.py"
+    script.write_text(SCRIPT)
+    code, out, err = titan(["run", "--nproc-per-node", "2", "--max-restarts", "10", "--json",
+                            "--runs-dir", str(tmp_path / "runs"), "--", str(script)], tmp_path)
+    res = json.loads(out)
+    assert code == ExitCode.SUCCEEDED, f"expected SUCCEEDED after 10 restarts, saw {code!r}: {res}\n{err[-2000:]}"
+    evs = read_run(res["run_dir"]).events
+    restarts = [e.data["attempt"] for e in evs if e.kind == "launcher.restart"]
+    assert restarts == list(range(1, 11)), f"expected exactly one restart into each attempt 1..10, saw {restarts}"
+    reduced = sorted((e.attempt, e.rank) for e in evs if e.kind == "test.allreduce" and e.data["value"] == 3.0)
+    assert reduced == [(a, r) for a in range(11) for r in (0, 1)], f"all-reduce per (attempt, rank): {reduced}"
+    failed = [(e.data["attempt"], e.data["global_rank"], e.data["signal"]) for e in evs if e.kind == "worker.failed"]
+    assert [f[:2] for f in failed] == [(a, a % 2) for a in range(10)], failed
+    assert [f[2] for f in failed].count("SIGKILL") == 6, failed
+
+
+LIGHT = textwrap.dedent('''
+    import os, signal, sys
+    from titan.worker import WorkerContext
+    ctx = WorkerContext.from_env()
+    ctx.events.emit("worker.started", data={"pid": os.getpid()})
+    if ctx.attempt < 10 and ctx.rank == ctx.attempt % 2:
+        if ctx.attempt % 4 < 2:
+            os.kill(os.getpid(), signal.SIGKILL)
+        sys.exit(1)
+''')
+
+
+@pytest.mark.timeout(120)
+def test_ten_restarts_in_a_row_without_a_miss(tmp_path, monkeypatch):
+    monkeypatch.setenv("TITAN_WATCHDOG_STRIKE_LIMIT", "1000")  # see the gloo test
+    script = tmp_path / "flaky.py"
+    script.write_text(LIGHT)
+    code, out, err = titan(["run", "--nproc-per-node", "2", "--max-restarts", "10", "--json",
+                            "--runs-dir", str(tmp_path / "runs"), "--", str(script)], tmp_path)
+    res = json.loads(out)
+    assert code == ExitCode.SUCCEEDED, f"expected SUCCEEDED after 10 restarts, saw {code!r}: {res}"
+    evs = read_run(res["run_dir"]).events
+    restarts = [e.data["attempt"] for e in evs if e.kind == "launcher.restart"]
+    assert restarts == list(range(1, 11)), f"expected one restart into each attempt 1..10, saw {restarts}"
+    # The dying rank started in every attempt, both ranks in the last; the other rank of a
+    # failing attempt may be stopped before it got as far as announcing itself.
+    started = {(e.attempt, e.rank) for e in evs if e.kind == "worker.started"}
+    expected = {(a, a % 2) for a in range(10)} | {(10, 0), (10, 1)}
+    assert expected <= started, f"workers started: {sorted(started)}, missing {sorted(expected - started)}"
+    failed = [(e.data["attempt"], e.data["global_rank"]) for e in evs if e.kind == "worker.failed"]
+    assert failed == [(a, a % 2) for a in range(10)], failed

@@ -1,0 +1,106 @@
+"""Learned timeouts, culprit identification and straggler flags (pure logic, no processes)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from titan.settings import load_settings
+from titan.watchdog import PhaseTimeouts, RankView, StragglerDetector, identify, percentile
+
+
+@pytest.fixture
+def cfg():
+    return load_settings(env={}).watchdog
+
+
+def test_timeout_is_warmup_then_floor_then_factor_times_p99(cfg):
+    t = PhaseTimeouts(cfg)
+    assert t.timeout("forward") == (cfg.warmup_timeout_s, "warm-up")
+    for _ in range(cfg.warmup_samples):
+        t.observe("forward", 0.01)
+    assert t.timeout("forward")[0] == cfg.floor_s, "short phases get the floor"
+    for _ in range(cfg.window):
+        t.observe("forward", 2.0)
+    assert t.timeout("forward")[0] == pytest.approx(3 * 2.0), "factor x p99 once above the floor"
+    for _ in range(cfg.window):
+        t.observe("forward", 100.0)
+    assert t.timeout("forward")[0] == cfg.ceiling_s, "capped by the ceiling"
+    assert t.timeout("checkpoint") == (cfg.checkpoint_budget_s, "budget")
+    assert t.timeout("setup") == (cfg.init_budget_s, "budget")
+
+
+def test_unlearned_phase_falls_back_to_step_statistics(cfg):
+    t = PhaseTimeouts(cfg)
+    for _ in range(cfg.warmup_samples):
+        t.observe_step(3.0)
+    to, basis = t.timeout("my_eval")
+    assert to == pytest.approx(9.0) and "steps" in basis
+
+
+def test_timeouts_follow_drift(cfg):
+    t = PhaseTimeouts(cfg)
+    for _ in range(cfg.window):
+        t.observe("data", 5.0)
+    assert t.timeout("data")[0] == pytest.approx(15.0)
+    for _ in range(cfg.window):
+        t.observe("data", 0.1)
+    assert t.timeout("data")[0] == cfg.floor_s, "old durations leave the window"
+
+
+def test_percentile_nearest_rank():
+    assert percentile(range(1, 101), 99) == 99
+    assert percentile([], 99) == 0.0
+
+
+def _view(rank, issued, last, phase="backward"):
+    return RankView(node="n", rank=rank, local_rank=rank, pid=100 + rank, attempt=0, step=7, phase=phase,
+                    issued=[issued, 0], completed=[issued, 0], last_wall_ns=last, phase_wall_ns=last,
+                    stalled_s=10.0, timeout_s=4.0)
+
+
+def test_culprit_is_the_rank_behind_in_collective_sequence():
+    v = identify([_view(0, 12, 100), _view(1, 11, 200, "data"), _view(2, 12, 50), _view(3, 12, 60)])
+    assert (v.rank, v.phase, v.reason) == (1, "data", "collective-seq"), v
+    assert v.detail["behind_by"] == 1
+
+
+def test_culprit_falls_back_to_flight_recorder_then_first_stopped():
+    vs = [_view(0, 0, 100), _view(1, 0, 50)]
+    for v, fr in zip(vs, (9, 8)):
+        v.fr_seq = fr
+    assert identify(vs).rank == 1 and identify(vs).reason == "flight-recorder"
+    vs = [_view(0, 5, 100), _view(1, 5, 300), _view(2, 5, 200)]
+    v = identify(vs)
+    assert (v.rank, v.reason) == (0, "stopped-first"), v
+
+
+def _feed(det, ranks, steps, slow_rank=None, factor=2.0, seed=0):
+    rng = random.Random(seed)
+    flags = []
+    for s in range(1, steps + 1):
+        for r in range(ranks):
+            x = 0.010 * (1 + 0.15 * rng.random())
+            det.add(r, s, x * factor if r == slow_rank else x)
+        flags += det.check()
+    return flags
+
+
+def test_a_rank_twice_as_slow_is_flagged_within_50_steps(cfg):
+    flags = _feed(StragglerDetector(cfg), 4, 50, slow_rank=2)
+    assert flags, "expected a straggler flag within 50 steps"
+    assert {f["rank"] for f in flags} == {2} and flags[0]["step"] <= 50 and 1.7 < flags[0]["slowdown"] < 2.3, flags
+
+
+def test_two_ranks_suffice_and_noise_flags_nothing(cfg):
+    assert _feed(StragglerDetector(cfg), 2, 60, slow_rank=1)[0]["rank"] == 1
+    assert _feed(StragglerDetector(cfg), 4, 300) == [], "a clean run flags nothing"
+
+
+def test_unmarked_time_is_never_tighter_than_idle_timeout(cfg):
+    t = PhaseTimeouts(cfg)
+    for _ in range(cfg.warmup_samples):
+        t.observe("idle", 0.001)
+    to, basis = t.timeout("idle")
+    assert to == cfg.idle_timeout_s and "idle_timeout_s" in basis, (to, basis)

@@ -1,0 +1,24 @@
+"""A rank slowed 2x (a sleep in its forward equal to its median forward time) is flagged
+within 50 steps by the watchdog of a real run; the clean reference run flags nothing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from wdhelpers import events, run_titan
+
+
+@pytest.mark.slow  # ~70 s with the reference run; the detector's logic is tested fast in test_learning.py
+@pytest.mark.timeout(300)
+def test_a_rank_slowed_2x_is_flagged_within_50_steps(hang_reference, tmp_path: Path):
+    assert not events(hang_reference["run_dir"], "straggler.detected"), "the clean run must flag nothing"
+    r = run_titan(tmp_path, "slow", ["--steps", "60", "--slow", "1"])
+    assert r.returncode == 0, r.stdout[-2000:]
+    flags = events(tmp_path / "runs" / "slow", "straggler.detected")
+    assert flags, "no straggler.detected for the slowed rank"
+    first = flags[0]["data"]
+    assert first["rank"] == 1 and first["step"] <= 50, f"expected rank 1 by step 50, saw {first}"
+    assert first["slowdown"] > 1.3, first
+    assert {f["data"]["rank"] for f in flags} == {1}, "only the slowed rank may be flagged"
