@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 # The torch build to install; here the CPU wheel on disk. Elsewhere: your own build,
 # e.g. `make test TORCH_SPEC='torch==2.13.0 --index-url …'`.
 TORCH_SPEC ?= torch==2.13.0
-PYTEST_ARGS ?=
+PYTEST_ARGS ?= -m 'not slow'
 
 .PHONY: demo test venv clean bench
 

@@ -2,8 +2,8 @@
 
 ``reference_run`` (session-scoped, owned by the launcher area): ONE clean 2-rank
 ``titan run`` of the tinygpt workload, made once per pytest session and shared —
-dropout on (the preset's 0.1), every detector that exists enabled (step guard, hang
-watchdog: their defaults), checkpoints every ``REFERENCE.ckpt_every`` steps, fixed seed,
+dropout on (the preset's 0.1), every detector enabled (step guard, hang and straggler
+watchdog, node agent: their defaults; SDC fingerprints and canary every 10 steps), checkpoints every ``REFERENCE.ckpt_every`` steps, fixed seed,
 one intra-op thread, ``REFERENCE.steps`` steps. It returns a ``ReferenceRun``:
 ``run_dir`` (a ``titan.events.RunDir``: events, run.json, checkpoints of a fault-free
 run), ``params`` (final parameters from rank 0, ``torch.load`` → ``{name: tensor}``),
@@ -65,7 +65,10 @@ def reference_run(tmp_path_factory: pytest.TempPathFactory) -> ReferenceRun:
     params = root / "final_params.pt"
     workload = ("-m", "titan.workloads.tinygpt", "--steps", str(REFERENCE.steps), "--seed", str(REFERENCE.seed),
                 "--ckpt-every", str(REFERENCE.ckpt_every), "--threads", "1", "--log-every", "0")
-    launcher = ("--nproc-per-node", str(REFERENCE.nproc), "--max-restarts", "0")
+    # SDC rounds and the canary every 10 steps (default 50 > the run's 30 steps), so the
+    # clean run exercises every detector: guard, watchdog, stragglers, SDC, agent.
+    launcher = ("--nproc-per-node", str(REFERENCE.nproc), "--max-restarts", "0",
+                "--set", "sdc.every_steps=10", "--set", "sdc.canary_every_steps=10")
     env = {**os.environ, "TITAN_WATCHDOG_LEDGER_PATH": str(root / "node-ledger.sqlite")}
     titan = Path(sys.executable).with_name("titan")
     cmd = [str(titan), "run", *launcher, "--runs-dir", str(root / "runs"), "--run-id", "reference", "--json",

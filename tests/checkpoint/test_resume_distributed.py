@@ -53,10 +53,25 @@ def _killed_run(tmp: Path, name: str, nproc: int, ref: Path, rng: random.Random,
     return kills
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(420)
 def test_two_ranks_killed_at_random_steps_and_mid_save_resume_bitwise(tmp_path):
     ref = _reference(tmp_path, 2)
     _killed_run(tmp_path, "run", 2, ref, random.Random(), crash_mid_save=True, two_kills=False)
+    # Then flip a byte in rank 1's shard of the reference run's newest checkpoint and rerun
+    # its last steps: both ranks must agree to fall back to step 9 and still match bitwise.
+    ckpts = tmp_path / "ref2" / "checkpoints"
+    shard = ckpts / "step-00000012" / "__1_0.distcp"
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 3] ^= 0x10
+    shard.write_bytes(bytes(data))
+    r = run_workload(tmp_path / "ref2", 2, [*ARGS, "--out", str(tmp_path / "fallback.pt")])
+    assert r.returncode == 0, (tmp_path / "ref2" / "torchrun.log").read_text()[-3000:]
+    evs = [e for e in step_events(tmp_path / "ref2") if e["attempt"] == 0 and e["kind"].startswith("ckpt.")]
+    (corrupt,) = [e for e in evs if e["kind"] == "ckpt.corrupt"]
+    assert "checksum" in " ".join(corrupt["data"]["reasons"]), corrupt["data"]
+    loaded = [e for e in evs if e["kind"] == "ckpt.loaded" and e["t"] > corrupt["t"]]
+    assert sorted(e["rank"] for e in loaded) == [0, 1] and all(e["step"] == 9 for e in loaded), loaded
+    assert not bitwise_diff(load_out(ref), load_out(tmp_path / "fallback.pt")), "fallback resume is not bitwise equal"
 
 
 @pytest.mark.slow

@@ -136,3 +136,11 @@ def test_two_replicas_repair_bitwise_and_name_the_culprit_only_when_the_evidence
     replayed = [e.step for e in faulty.events if e.kind == "step" and e.rank == 0 and e.data.get("replay")]
     assert replayed == list(range(11, 21)) + list(range(21, 31)), replayed
     _assert_bitwise(faulty.params, torch.load(reference_run.params))
+
+
+def test_shared_clean_reference_run_raises_no_sdc_finding(reference_run):
+    evs = read_run(reference_run.run_dir.path).events
+    rounds = {(e.rank, e.step) for e in evs if e.kind == "sdc.round"}
+    assert {s for _, s in rounds} >= {0, 10, 20, 30}, sorted(rounds)
+    noisy = [f"{e.kind}: {e.msg}" for e in evs if e.kind.startswith("sdc.") and e.level in ("warning", "error", "critical")]
+    assert not noisy, noisy

@@ -105,7 +105,7 @@ def _base_sets(cfg: PlanDrill, rd: RunDir) -> list[str]:
     kinds = {f.kind for f in cfg.plan.faults}
     restarts = sum(1 for f in cfg.plan.faults if f.kind in ("kill", "hang", "exception", "disk", "net"))
     sets = [f"watchdog.ledger_path={rd.path / 'ledger.sqlite'}", "guard.spike_warmup=8",
-            "watchdog.warmup_timeout_s=15", "watchdog.restart_backoff_s=0.2",
+            "watchdog.warmup_timeout_s=15", "watchdog.warmup_samples=10", "watchdog.restart_backoff_s=0.2",
             f"watchdog.giveup_restarts={restarts + 3}",
             # Injected faults are not the node's fault: no strike may exclude it mid-drill.
             "watchdog.strike_limit=1000", "guard.strikes_to_report=1000"]

@@ -152,12 +152,14 @@ def _first(events: Sequence[Event], kinds: Sequence[str], t0: float, pred: Any =
 
 
 def _link_culprit(data: dict[str, Any]) -> bool:
-    """True when a hang verdict shows every rank stuck in the same collective across nodes:
-    nobody is behind, so the link between the nodes is the culprit."""
+    """True when a hang verdict shows every rank, on two or more nodes, waiting in the same
+    collective: all issued the same ones and none completed the last (in flight in ``comm``),
+    so no rank is behind — the link between the nodes is the culprit."""
     views = data.get("views") or []
     nodes = {v.get("node") for v in views}
     issued = {tuple(v.get("issued") or []) for v in views}
-    return len(nodes) >= 2 and len(issued) == 1 and data.get("reason") != "collective-seq"
+    in_flight = all(any(i > c for i, c in zip(v.get("issued") or [], v.get("completed") or [])) for v in views)
+    return len(nodes) >= 2 and len(issued) == 1 and in_flight and data.get("reason") != "collective-seq"
 
 
 def judge(plan: Plan, events: Sequence[Event], *, final_equal: bool | None, launcher_ok: bool) -> list[FaultVerdict]:
@@ -223,6 +225,9 @@ def judge(plan: Plan, events: Sequence[Event], *, final_equal: bool | None, laun
                 v.rto_s = _r(first.t - t0)
                 v.steps_lost = max(before - resumed, 0)
                 v.recovery = f"restart, resumed from step {resumed}"
+                healed = _first(evs, ["inject.net_healed"], t0)
+                if f.kind == "net" and healed is not None and healed.t <= first.t:
+                    v.recovery += " once the link healed (no shrink)"
                 if exp.recovery == "fallback":
                     dmg = int(inj.data.get("ckpt_step", -1))
                     v.recovery = f"fell back to step {resumed} (damaged: {dmg})"
@@ -314,7 +319,11 @@ def _attribution(f: FaultSpec, inj: Event, det: Event, rank: int | None) -> tupl
         c = d.get("culprit") or {}
         if f.kind == "net":
             ok = _link_culprit(d)
-            return ok, ("link between nodes" if ok else f"rank {c.get('rank')}") + f", phase {c.get('phase')}"
+            if not ok:
+                return False, f"rank {c.get('rank')}, phase {c.get('phase')}"
+            v0 = (d.get("views") or [{}])[0]
+            return True, (f"link between nodes, phase comm (every rank issued {max(v0.get('issued') or [0])} "
+                          f"collectives, none completed the last; beacon phase {c.get('phase')})")
         want_phase = inj.data.get("phase")
         ok = c.get("rank") == rank and (want_phase is None or c.get("phase") == want_phase)
         return ok, f"rank {c.get('rank')} node {c.get('node')} phase {c.get('phase')} step {c.get('step')}"

@@ -94,7 +94,33 @@ class WorkerFaults:
                 factor = math.inf if f.kind == "inf_loss" else float(f.get("factor"))
                 self._injector.loss_spike(rank=self.ctx.rank, step=f.step, factor=factor, times=f.get("times"))
         self._injector.attach(model)
+        for i, f in enumerate(self.faults):
+            if f.kind == "bitflip" and f.get("target") == "grad":
+                self._grad_flip(model, i, f)
         return self
+
+    def _grad_flip(self, model: nn.Module, i: int, f: FaultSpec) -> None:
+        """A silent bit flip in this rank's local gradient, before the all-reduce (once)."""
+        params = {n.replace("module.", "", 1): p for n, p in model.named_parameters()}
+        name = f.get("tensor") or next(iter(params))
+        first = {"done": False}
+
+        def hook(grad: torch.Tensor) -> torch.Tensor | None:
+            if self._step != f.step or first["done"] or i in self._fired:
+                return None
+            if self.runtime is not None and id(f) in self._ids and not self.runtime.claim(self._ids[id(f)]):
+                return None
+            first["done"] = True
+            self._fired.add(i)
+            g = grad.clone()
+            before, after = flip_bit(g, int(f.get("index")), int(f.get("bit")))
+            self.ctx.events.emit("inject.bitflip", f"flipped bit {f.get('bit')} of grad.{name}[{f.get('index')}]",
+                                 level="warning", step=self._step, data={
+                                     "rank": self.ctx.rank, "node": self.ctx.node, "tensor": f"grad.{name}",
+                                     "index": int(f.get("index")), "bit": int(f.get("bit")), "before": before,
+                                     "after": after, "target": "grad"})
+            return g
+        params[name].register_hook(hook)
 
     def begin_step(self, step: int) -> None:
         """Tell the injector which step (1-based) is being computed."""
@@ -144,7 +170,7 @@ class WorkerFaults:
         """Apply ``bitflip`` faults due after optimizer step ``step`` (silently, as hardware would)."""
         self._unpatch()
         for i, f in enumerate(self.faults):
-            if f.kind != "bitflip" or f.step != step or i in self._fired:
+            if f.kind != "bitflip" or f.get("target") == "grad" or f.step != step or i in self._fired:
                 continue
             if self.runtime is not None and id(f) in self._ids and not self.runtime.claim(self._ids[id(f)]):
                 continue  # fired in an earlier attempt: a recomputed step stays clean

@@ -198,15 +198,15 @@ class Checkpointer:
             return False
         stall = time.monotonic() - t0
         if blocking:
-            ok = self._write(step, sd, stall, t0, group=self._ctl)
+            ok = self._write(step, sd, stall, t0, self._ctl, True)
             return ok
         if self._pool is None:
             self._pool = cf.ThreadPoolExecutor(1, thread_name_prefix="titan-ckpt")
-        fut = self._pool.submit(self._write, step, sd, stall, t0, self._io)
+        fut = self._pool.submit(self._write, step, sd, stall, t0, self._io, False)
         self._inflight = _Inflight(step, fut, stall, t0)
         return True
 
-    def _write(self, step: int, sd: dict[str, Any], stall: float, t0: float, group: Any) -> bool:
+    def _write(self, step: int, sd: dict[str, Any], stall: float, t0: float, group: Any, blocking: bool) -> bool:
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.api import CheckpointException
 
@@ -236,9 +236,11 @@ class Checkpointer:
                 pass
         self.last_saved_step = step
         total = time.monotonic() - t0
+        if blocking:  # a blocking save stalls training for all of it
+            stall = total
         self.ctx.events.emit("ckpt.saved", f"checkpoint step {step} saved ({total:.2f}s, stall {stall:.3f}s)",
                              step=step, data={"step": step, "stall_s": stall, "total_s": total, "bytes": nbytes,
-                                              "mode": "sync" if group is self._ctl else "async",
+                                              "mode": "sync" if blocking else "async",
                                               "path": str(final or self.root / _mf.step_dir_name(step))})
         return True
 

@@ -29,6 +29,8 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--runs-dir", metavar="DIR", help="where run directories go (run.runs_dir; default ./runs)")
     p.add_argument("--run-id", help="name of the run directory (default: time + random)")
     p.add_argument("--local-addr", metavar="ADDR", help="address of this node for the rendezvous")
+    p.add_argument("--no-agent", action="store_true",
+                   help="do not start the node agent (titan agent) beside the workers (run.start_agent)")
     add_settings_flags(p)
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- script.py [args] or -- -m module [args]")
     return p
@@ -38,7 +40,8 @@ def run(args: argparse.Namespace, env: Environment) -> ExitCode:
     from titan.launch import LaunchOptions, launch, parse_entrypoint, prepare
 
     settings = settings_from_args(args, env, extra={
-        "run.max_restarts": args.max_restarts, "run.node_id": args.node_id, "run.runs_dir": args.runs_dir})
+        "run.max_restarts": args.max_restarts, "run.node_id": args.node_id, "run.runs_dir": args.runs_dir,
+        "run.start_agent": False if args.no_agent else None})
     entry = parse_entrypoint(args.command, env.cwd)
     opts = LaunchOptions(nproc_per_node=str(args.nproc_per_node), nnodes=str(args.nnodes),
                          rdzv_backend=args.rdzv_backend, rdzv_endpoint=args.rdzv_endpoint,

@@ -172,7 +172,8 @@ def launch(p: Prepared, *, runs_root: Path, command: Sequence[str], base_env: Ma
     install_elastic_handler(rec)
     try:
         # titan.watchdog (issue 5): the hang/straggler watchdog runs beside the agent
-        with _scoped_process_state(env), patched_agent(rec, aborts.append), watching(rd, p.node, settings):
+        with _scoped_process_state(env), patched_agent(rec, aborts.append), watching(rd, p.node, settings), \
+                _node_agent(rd, p.node, settings, env, rec):
             try:
                 tdr.run(p.targs)
                 raw = {"outcome": "succeeded", "exit_code": 0}
@@ -207,6 +208,31 @@ def launch(p: Prepared, *, runs_root: Path, command: Sequence[str], base_env: Ma
         "worker_pids": {str(a): {str(r): pid for r, pid in m.items()} for a, m in rec.worker_pids.items()},
     })
     return LaunchResult(code, rd, p.node, rec.restarts, list(rec.failures), raw, abort)
+
+
+@contextlib.contextmanager
+def _node_agent(rd: RunDir, node: str, settings: Settings, env: Mapping[str, str],
+                rec: LauncherRecorder) -> Iterator[None]:
+    """Run ``titan agent`` beside the workers (``run.start_agent``; ``titan run --no-agent``).
+
+    The agent never imports torch; a failure to start it is reported, never fatal.
+    """
+    if not settings.run.start_agent:
+        yield
+        return
+    from titan.monitor.spawn import start_agent, stop_agent
+
+    proc = None
+    try:
+        proc = start_agent(rd, node, settings_json=settings.to_json(), env=env)
+        rec.emit("launcher.agent", f"node agent started (pid {proc.pid})", data={"pid": proc.pid})
+    except OSError as e:
+        rec.emit("launcher.agent", f"node agent did not start: {e}", level="warning", data={"error": str(e)})
+    try:
+        yield
+    finally:
+        if proc is not None:
+            stop_agent(proc)
 
 
 def _map_outcome(raw: Mapping[str, Any], aborts: list[AbortRequest], rec: LauncherRecorder) -> ExitCode:

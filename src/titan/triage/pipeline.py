@@ -28,7 +28,7 @@ __all__ = ["triage", "discover"]
 log = logging.getLogger(__name__)
 #: Above this many bytes of input, files are scanned by a pool of processes.
 PARALLEL_BYTES = 64 << 20
-_SKIP_DIRS = {"checkpoints", "metrics", "beacons", "__pycache__", ".git"}
+_SKIP_DIRS = {"checkpoints", "metrics", "beacons", "report", "traces", "__pycache__", ".git"}  # report: our own output (a bundled plotly.min.js once matched a rule)
 #: never logs: checkpoints, databases, beacons (skipped silently)
 _SKIP_SUFFIXES = (".pt", ".pth", ".safetensors", ".distcp", ".bin", ".sqlite", ".db", ".bcn", ".npy")
 
