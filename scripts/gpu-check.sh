@@ -13,6 +13,10 @@
 #           (a harmless marker line is written when /dev/kmsg is writable) and classifies
 #           NVRM Xid lines; it never writes a fake Xid into the kernel log unless
 #           TITAN_GPU_CHECK_INJECT_XID=1.
+#   rng_ckpt   - titan.checkpoint round trip of every CUDA device's RNG (and a dropout mask).
+#   guard_nccl - guarded DDP (tinygpt) on NCCL, one rank per GPU: forward/backward/comm hooks
+#                under torch.cuda.set_sync_debug_mode("error"); host syncs per step counted
+#                under "warn"; a NaN injected on rank 0 is skipped on every rank.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 START=$(date +%s)
@@ -131,7 +135,26 @@ EOF
   done <<< "$out"
 }
 
-CHECKS=(nvml xid)
+check_rng_ckpt() {
+  local out
+  out=$(timeout 90 "$PY" scripts/gpu_checks.py rng-ckpt 2>&1)
+  [ $? -eq 124 ] && out="FAIL rng-ckpt: timed out after 90 s"
+  while IFS= read -r line; do
+    case "$line" in PASS*|FAIL*|SKIP*) say "${line%% *}" "${line#* }";; *) echo "  $line";; esac
+  done <<< "$(echo "$out" | grep -E '^(PASS|FAIL|SKIP)' || echo "FAIL rng-ckpt: no verdict; $(echo "$out" | tail -3 | tr '\n' ' ')")"
+}
+
+check_guard_nccl() {
+  local out n
+  n=$("$PY" -c "import torch; print(max(1, torch.cuda.device_count()))" 2>/dev/null || echo 1)
+  out=$(timeout 150 "$PY" -m torch.distributed.run --standalone --nproc-per-node "$n" scripts/gpu_checks.py guard-nccl 2>&1)
+  [ $? -eq 124 ] && out="FAIL guard-nccl: timed out after 150 s"
+  while IFS= read -r line; do
+    case "$line" in PASS*|FAIL*|SKIP*) say "${line%% *}" "${line#* }";; *) echo "  $line";; esac
+  done <<< "$(echo "$out" | grep -E '^(PASS|FAIL|SKIP)' || echo "FAIL guard-nccl: no verdict; $(echo "$out" | tail -3 | tr '\n' ' ')")"
+}
+
+CHECKS=(nvml xid rng_ckpt guard_nccl)
 for c in "${CHECKS[@]}"; do
   if [ $(( $(date +%s) - START )) -gt 280 ]; then say "FAIL" "$c: not run, the 5-minute budget is spent"; continue; fi
   "check_$c"
