@@ -164,7 +164,15 @@ class WorkerFaults:
 
     def gemm_perturbed(self) -> bool:
         """True from a ``gemm_perturb`` fault's step on: this rank's arithmetic is now wrong."""
-        return any(f.kind == "gemm_perturb" and self._step >= f.step for f in self.faults)
+        for i, f in enumerate(self.faults):
+            if f.kind == "gemm_perturb" and self._step >= f.step:
+                if i not in self._fired:  # ground truth, once
+                    self._fired.add(i)
+                    self.ctx.events.emit("inject.gemm_perturb", "compute canary perturbed from now on",
+                                         level="warning", step=self._step,
+                                         data={"rank": self.ctx.rank, "node": self.ctx.node, "from_step": f.step})
+                return True
+        return False
 
     def after_step(self, step: int, model: nn.Module, optimizer: torch.optim.Optimizer | None) -> None:
         """Apply ``bitflip`` faults due after optimizer step ``step`` (silently, as hardware would)."""
