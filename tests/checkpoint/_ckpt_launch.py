@@ -63,7 +63,12 @@ def run_workload(run_dir: Path, nproc: int, args: list[str], *, kills: list[tupl
                 raise TimeoutError(f"workload did not finish in {timeout_s}s: {(run_dir / 'torchrun.log').read_text()[-2000:]}")
             if pending:
                 attempt, step, rank = pending[0]
-                for ev in reversed(step_events(run_dir)):
+                evs = step_events(run_dir)
+                # Kill only once this attempt has something to resume from (a committed save
+                # or a load): an async save can still be writing when its step has passed.
+                ready = any(e["kind"] in ("ckpt.saved", "ckpt.loaded") and e["attempt"] == attempt and e["rank"] == 0
+                            for e in evs)
+                for ev in reversed(evs if ready else []):
                     if ev["kind"] == "step" and ev["rank"] == rank and ev["attempt"] == attempt and ev["step"] >= step:
                         os.kill(ev["pid"], signal.SIGKILL)
                         pending.pop(0)

@@ -29,7 +29,8 @@ def test_sigterm_to_titan_run_stops_workers_and_exits_preempted(tmp_path, worker
         events = tmp_path / "runs" / "pre" / "events"
         while time.monotonic() < deadline and len(list(events.glob("*.jsonl"))) < 2:
             time.sleep(0.1)
-        workers = [c for c in psutil.Process(p.pid).children() if c.is_running()]
+        workers = [c for c in psutil.Process(p.pid).children()  # the node agent is a child too
+                   if c.is_running() and str(worker_script) in " ".join(c.cmdline())]
         assert len(workers) == 2, f"expected 2 workers, saw {workers}"
         p.send_signal(signal.SIGTERM)
         out, err = p.communicate(timeout=60)

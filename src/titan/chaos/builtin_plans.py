@@ -33,6 +33,7 @@ def full() -> tuple[Plan, int, int]:
             .spike(rank=1, step=12, factor=50.0)
             .add("bitflip", rank=1, step=14, target="param", tensor="", index=3, bit=30)
             .slow(rank=1, step=16, factor=4.0, steps=14)
+            .add("disk", step=24, what="slow_fsync", seconds=0.5)
             .add("disk", step=32, what="enospc", seconds=2.0)
             .kill(rank=0, step=38)
             .hang(rank=1, step=44, where="data", seconds=120.0)

@@ -170,8 +170,8 @@ def _start(cfg: PlanDrill, rd: RunDir, out: Path, env: dict[str, str], topo: Any
 class _Injector:
     """Applies OS-level faults when a rank waits at their gate; keeps the undos."""
 
-    def __init__(self, cfg: PlanDrill, rd: RunDir, topo: Any, control: Path | None) -> None:
-        self.cfg, self.rd, self.topo, self.control = cfg, rd, topo, control
+    def __init__(self, cfg: PlanDrill, rd: RunDir, topo: Any, control: Path | None, fill: Path) -> None:
+        self.cfg, self.rd, self.topo, self.control, self.fill = cfg, rd, topo, control, fill
         self.faults = {fault_id(i, f): f for i, f in enumerate(cfg.plan.faults) if f.kind not in IN_PROCESS_KINDS}
         self.done: set[str] = set()
         self.undos: list[tuple[float, Callable[[], None]]] = []
@@ -216,7 +216,7 @@ class _Injector:
         rd, node, step = self.rd, self._node_of(ev), f.step
         if f.kind == "kill":
             send_signal(rd, node, int(ev.pid or 0), str(f.get("signal")), rank=ev.rank, step=step,
-                        attempt=ev.attempt, parent=None)
+                        attempt=ev.attempt, parents=[p.pid for p in job.procs])
         elif f.kind == "preempt":
             self.preempted = True
             emit_inject(rd, node, "preempt", "SIGTERM to the launcher(s), as a scheduler preempts", step=step,
@@ -226,7 +226,7 @@ class _Injector:
         elif f.kind == "disk":
             what = str(f.get("what"))
             if what == "enospc":
-                self._later(float(f.get("seconds")), fill_disk(rd, node, rd.checkpoints, step=step))
+                self._later(float(f.get("seconds")), fill_disk(rd, node, self.fill, step=step))
             elif what == "slow_fsync":
                 assert self.control is not None
                 self._later(max(float(f.get("seconds")) * 6, 8.0),
@@ -235,7 +235,7 @@ class _Injector:
                 damage_newest_checkpoint(rd, node, what, step=step)
                 # The damage matters on restore: end the rank so the group restarts from disk.
                 send_signal(rd, node, int(ev.pid or 0), "SIGKILL", kind="kill_for_restore", rank=ev.rank,
-                            step=step, attempt=ev.attempt)
+                            step=step, attempt=ev.attempt, parents=[p.pid for p in job.procs])
         elif f.kind == "stress":
             secs = float(f.get("seconds"))
             self._later(secs + 1, start_stress(rd, node, str(f.get("what")), int(f.get("workers")), secs, step=step))
@@ -330,6 +330,14 @@ def reference_params(cfg: PlanDrill, skips: list[int], *, cwd: Path, env: dict[s
     return cache, time.monotonic() - t0
 
 
+def _start_agent(rd: RunDir, env: dict[str, str]) -> Callable[[], None]:
+    """The node agent (``titan.monitor``) on this run, sampling every second, no network probe."""
+    from titan.monitor.spawn import start_agent, stop_agent
+
+    proc = start_agent(rd, "node0", env=dict(env, TITAN_AGENT_PROBE="false", TITAN_AGENT_INTERVAL_S="1.0"))
+    return lambda: (stop_agent(proc), None)[1]
+
+
 def predicted_skips(plan: Plan) -> list[int]:
     """Steps whose update the plan's skip-kind faults should make the guard skip."""
     from titan.chaos.verdict import expect_for
@@ -337,16 +345,23 @@ def predicted_skips(plan: Plan) -> list[int]:
     return sorted({f.step for f in plan.faults if expect_for(f).recovery == "skip"})
 
 
-def _prepare_disk(cfg: PlanDrill, rd: RunDir, undos: list[Callable[[], None]]) -> Path | None:
+def _prepare_disk(cfg: PlanDrill, rd: RunDir, undos: list[Callable[[], None]]) -> tuple[Path | None, Path]:
+    """Mount what the plan's disk faults need on ``checkpoints/``; returns (the slow-fsync
+    control file or None, the folder whose filesystem ENOSPC fills). With both kinds the
+    FUSE passthrough sits on top of the small tmpfs, so a full tmpfs fails FUSE writes too."""
     whats = {str(f.get("what")) for f in cfg.plan.faults if f.kind == "disk"}
-    if "enospc" in whats:
-        undos.append(mount_tmpfs(rd.checkpoints, "48m"))
+    fill = rd.checkpoints
     if "slow_fsync" in whats:
         backing = rd.path / "chaos" / "ckpt-backing"
         control = rd.path / "chaos" / "fsync-delay"
+        if "enospc" in whats:
+            undos.append(mount_tmpfs(backing, "48m"))
+            fill = backing
         undos.append(mount_slow_fs(backing, rd.checkpoints, control))
-        return control
-    return None
+        return control, fill
+    if "enospc" in whats:
+        undos.append(mount_tmpfs(rd.checkpoints, "48m"))
+    return None, fill
 
 
 def run_plan_drill(cfg: PlanDrill, *, cwd: Path, env: dict[str, str] | None = None,
@@ -383,13 +398,15 @@ def run_plan_drill(cfg: PlanDrill, *, cwd: Path, env: dict[str, str] | None = No
     inj: _Injector | None = None
     log_fh = open(rd.path / "console.log", "ab")
     try:
-        control = _prepare_disk(cfg, rd, undos)
+        control, fill = _prepare_disk(cfg, rd, undos)
         if cfg.nodes > 1:
             from titan.chaos.netns import Topology
 
             topo = Topology(cfg.netns_prefix, cfg.nodes, subnet=cfg.subnet).create()
         sets = _base_sets(cfg, rd)
-        inj = _Injector(cfg, rd, topo, control)
+        if {f.kind for f in cfg.plan.faults} & {"disk", "stress"}:
+            undos.append(_start_agent(rd, env))  # node telemetry: a second witness of host faults
+        inj = _Injector(cfg, rd, topo, control, fill)
         tail = EventTail(rd)
         best = 0
         while True:

@@ -19,7 +19,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from titan.errors import TitanError
 from titan.events import EventWriter, RunDir
@@ -46,19 +46,18 @@ def emit_inject(rd: RunDir, node: str, kind: str, msg: str, *, step: int | None 
 
 
 def send_signal(rd: RunDir, node: str, pid: int, sig: str = "SIGKILL", *, kind: str = "kill",
-                rank: int | None = None, step: int | None = None, parent: int | None = None,
+                rank: int | None = None, step: int | None = None, parents: Sequence[int] = (),
                 attempt: int | None = None) -> Injection:
-    """Send ``sig`` to ``pid`` (checked to descend from ``parent`` when given); ``inject.<kind>``.
-
-    Raises ``TitanError`` when the process is not ours or already gone.
-    """
+    """Send ``sig`` to ``pid`` (checked to descend from one of ``parents`` when given — the
+    job's launchers); ``inject.<kind>``. Raises ``TitanError`` when the process is not ours
+    or already gone."""
     import psutil
 
     signum = getattr(signal, sig)
     try:
         proc = psutil.Process(pid)
-        if parent is not None and parent != pid and parent not in {p.pid for p in proc.parents()}:
-            raise TitanError(f"pid {pid} is not a descendant of {parent}; refusing to signal it")
+        if parents and not {p.pid for p in proc.parents()} & set(parents):
+            raise TitanError(f"pid {pid} is not a worker of launcher(s) {list(parents)}; refusing to signal it")
     except psutil.NoSuchProcess:
         raise TitanError(f"pid {pid} is already gone") from None
     info = emit_inject(rd, node, kind, f"{sig} to pid {pid}" + (f" (rank {rank})" if rank is not None else ""),

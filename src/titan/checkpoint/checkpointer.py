@@ -11,7 +11,6 @@ all-reduce for all ranks. A failed save (full disk, I/O error) is an event, not 
 from __future__ import annotations
 
 import concurrent.futures as cf
-import hashlib
 import dataclasses
 import datetime as _dt
 import logging
@@ -288,17 +287,15 @@ class Checkpointer:
         only after replicas agreed, so that every snapshot is verified).
         """
         if self._snap is None:
-            from titan.checkpoint.snapshot import SnapshotStore
+            from titan.checkpoint.snapshot import SnapshotStore, snapshot_key
 
-            # Keyed by run id, run directory and launch: a run id reused elsewhere (tests, a
-            # copied or re-created run) must never restore another job's snapshot.
-            try:  # the launcher's start time tells a re-created run dir of the same name apart
-                started = self.ctx.run_dir.read_run_json().get("started_at", "")
+            try:  # this node's launch time tells a re-created run dir of the same name apart
+                rj = self.ctx.run_dir.read_run_json()
+                started = (rj.get("nodes") or {}).get(self.ctx.node, {}).get("started_at", rj.get("started_at", ""))
             except TitanError:
                 started = ""
-            where = hashlib.sha1(f"{self.ctx.run_dir.path.resolve()}|{started}".encode()).hexdigest()[:10]
-            self._snap = SnapshotStore(Path(self.cfg.snapshot_dir), f"{self.ctx.run_dir.run_id}-{where}",
-                                       self.rank, self.world)
+            key = snapshot_key(self.ctx.run_dir.path, self.ctx.run_dir.run_id, started)
+            self._snap = SnapshotStore(Path(self.cfg.snapshot_dir), key, self.rank, self.world)
             self._snap.report(self.ctx.events)
 
     def snapshot(self, step: int, app_state: Mapping[str, Any]) -> None:
@@ -320,6 +317,12 @@ class Checkpointer:
             return
         self.ctx.events.emit("ckpt.snapshot", f"snapshot step {step}", step=step,
                              data={"step": step, "seconds": time.monotonic() - t0, "bytes": nbytes})
+
+    def discard_snapshots(self) -> None:
+        """Delete this rank's ``/dev/shm`` snapshots (local). Call after training finished
+        for good: snapshots are RAM and outlive the process by design."""
+        if self._snap is not None:
+            self._snap.remove()
 
     def rollback(self, app_state: Mapping[str, Any]) -> int:
         """Roll every rank back to the newest snapshot step they all hold (collective).

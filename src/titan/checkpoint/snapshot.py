@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import hashlib
 import shutil
 import zlib
 from pathlib import Path
@@ -26,6 +27,22 @@ import torch
 __all__ = ["SnapshotStore", "shm_space"]
 
 log = logging.getLogger(__name__)
+
+
+def snapshot_key(run_dir: Path, run_id: str, started_at: object) -> str:
+    """The folder name of a run's snapshots: run id, run directory and launch time, so that
+    a run id reused elsewhere (tests, a copied or re-created run) never restores another
+    job's snapshot, while every restart of one ``titan run`` finds them."""
+    where = hashlib.sha1(f"{Path(run_dir).resolve()}|{started_at}".encode()).hexdigest()[:10]
+    return f"{run_id}-{where}"
+
+
+def discard_run_snapshots(base: Path, run_dir: Path, run_id: str, started_at: object) -> bool:
+    """Delete every rank's snapshots of one run on this node (the launcher, at the end)."""
+    d = Path(base) / snapshot_key(run_dir, run_id, started_at)
+    existed = d.exists()
+    shutil.rmtree(d, ignore_errors=True)
+    return existed
 
 
 def shm_space(path: Path) -> dict[str, int]:
@@ -128,3 +145,7 @@ class SnapshotStore:
     def remove(self) -> None:
         """Delete this rank's snapshots (e.g. after the job finished)."""
         shutil.rmtree(self.dir, ignore_errors=True)
+        try:
+            self.dir.parent.rmdir()  # the run's folder, once its last rank is gone
+        except OSError:
+            pass

@@ -103,9 +103,10 @@ def _print(env: Environment, r) -> None:  # noqa: ANN001
     for f in r.faults:
         ok = "[green]✔[/]" if f.passed else "[red]✘[/]"
         t.add_row(f"{ok} {f.kind}" + (f" {f.what}" if f.what else ""),
-                  f"{'' if f.rank is None else f.rank}/{f.node or ''}", str(f.step), f.expected,
+                  f"{'all' if f.rank is None else f.rank}/{f.node or '—'}", str(f.step), f.expected,
                   f.detected_by or ("[dim]not detected[/]" if f.injected else "[red]not injected[/]"),
-                  _s(f.detection_s), f.attribution or "—", f.recovery or "—", _s(f.rto_s),
+                  _s(f.detection_s), f.attribution or "—",
+                  "; ".join(x for x in (f.recovery, f.impact) if x) or "—", _s(f.rto_s),
                   "—" if f.steps_lost is None else str(f.steps_lost),
                   {True: "yes", False: "no", None: "—"}[f.final_state_equal])
     env.console.print(t)

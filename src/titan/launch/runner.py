@@ -194,6 +194,12 @@ def launch(p: Prepared, *, runs_root: Path, command: Sequence[str], base_env: Ma
         install_elastic_handler(None)
     code = _map_outcome(raw, aborts, rec)
     finished = time.time()
+    # The job is over (no restart follows): its /dev/shm snapshots are RAM, free them.
+    from titan.checkpoint.snapshot import discard_run_snapshots
+
+    if discard_run_snapshots(Path(settings.checkpoint.snapshot_dir), rd.path, rd.run_id, started):
+        rec.emit("launcher.snapshots_freed", "in-memory snapshots of this run removed from "
+                 f"{settings.checkpoint.snapshot_dir}")
     abort = dict(aborts[0]) if aborts else None
     rec.emit("launcher.finished", f"titan run finished: {code.name}", level="info" if code in (
         ExitCode.SUCCEEDED, ExitCode.PREEMPTED) else "error", data={

@@ -242,6 +242,8 @@ def train(args: argparse.Namespace, ctx: WorkerContext) -> dict[str, Any]:
         del batches  # shuts DataLoader workers down
         if ckpt is not None:
             ckpt.close()  # titan: waits for an async save in flight
+    if ckpt is not None and step >= args.steps:
+        ckpt.discard_snapshots()  # titan: finished for good; /dev/shm snapshots are RAM
     if args.out and ctx.rank == 0:
         torch.save({k: v.detach().cpu().clone() for k, v in model.state_dict().items()}, args.out)
     return {"steps": last, "start_step": start, "losses": losses,
