@@ -144,3 +144,22 @@ def test_shared_clean_reference_run_raises_no_sdc_finding(reference_run):
     assert {s for _, s in rounds} >= {0, 10, 20, 30}, sorted(rounds)
     noisy = [f"{e.kind}: {e.msg}" for e in evs if e.kind.startswith("sdc.") and e.level in ("warning", "error", "critical")]
     assert not noisy, noisy
+
+
+@pytest.mark.timeout(600)
+def test_thousand_clean_steps_with_default_cadence_raise_nothing(tmp_path):
+    # 2 ranks, a very small model, the default K and M (50): 20 fingerprint rounds and 20
+    # canary rounds over 1,000 steps must all agree.
+    workload = ("-m", "titan.workloads.tinygpt", "--steps", "1000", "--layers", "1", "--width", "32", "--heads", "2",
+                "--seq-len", "16", "--batch-size", "2", "--threads", "1", "--log-every", "0", "--ckpt-every", "500")
+    env = dict(os.environ, TITAN_WATCHDOG_LEDGER_PATH=str(tmp_path / "ledger.sqlite"))
+    cmd = [sys.executable, "-m", "titan", "run", "--nproc-per-node", "2", "--max-restarts", "0", "--no-agent",
+           "--runs-dir", str(tmp_path / "runs"), "--run-id", "clean1000", "--", *workload]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=580, env=env, start_new_session=True)
+    assert p.returncode == 0, p.stderr[-3000:]
+    evs = read_run(tmp_path / "runs" / "clean1000").events
+    rounds = sorted({e.step for e in evs if e.kind == "sdc.round"})
+    assert rounds == list(range(0, 1001, 50)), rounds
+    noisy = [f"{e.kind}: {e.msg}" for e in evs if e.kind.startswith(("sdc.", "guard.")) and e.level != "debug"
+             and e.level != "info"]
+    assert not noisy, noisy[:5]
