@@ -289,3 +289,27 @@ for _ in range(10):
     t = time.perf_counter(); c.sendall(b'x'); c.recv(10); r.append(time.perf_counter() - t)
 print(statistics.median(r))
 """
+
+
+def test_gil_hang_holds_the_interpreter_for_the_planned_time_and_starves_other_threads():
+    import threading
+
+    from titan.chaos.runtime import hold_gil
+
+    ticks: list[float] = []
+    stop = threading.Event()
+
+    def other() -> None:
+        while not stop.is_set():
+            ticks.append(time.monotonic())
+            time.sleep(0.005)
+    th = threading.Thread(target=other)
+    th.start()
+    time.sleep(0.05)
+    t0 = time.monotonic()
+    hold_gil(0.6)
+    t1 = time.monotonic()
+    stop.set()
+    th.join()
+    assert 0.6 <= t1 - t0 < 1.5, t1 - t0
+    assert not [t for t in ticks if t0 + 0.05 < t < t1 - 0.05], "another thread ran while the GIL was held"

@@ -65,12 +65,19 @@ def _claim(marker: Path) -> bool:
 
 
 def hold_gil(seconds: float) -> None:
-    """Busy the interpreter for about ``seconds`` inside one C call that never yields the GIL."""
-    t0 = time.perf_counter()
-    n = 200_000
-    sum(range(n))  # calibrate
-    per = max((time.perf_counter() - t0) / n, 1e-9)
-    sum(range(int(seconds / per)))
+    """Spin for ``seconds`` without ever letting another thread of this process run: the
+    switch interval is raised so the holder never offers the GIL, and the work is C calls.
+    (A calibrated single ``sum(range(n))`` was tried first: its length was off by 16x.)"""
+    import sys
+
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e6)
+    try:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            sum(range(200_000))
+    finally:
+        sys.setswitchinterval(old)
 
 
 class RuntimeFaults:

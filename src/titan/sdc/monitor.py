@@ -43,6 +43,15 @@ if TYPE_CHECKING:
 __all__ = ["SDCMonitor"]
 
 
+def _sharded(model: nn.Module) -> bool:
+    """True when parameters are sharded across ranks (FSDP2 DTensors or FSDP1 flat params)."""
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # pragma: no cover - older torch
+        DTensor = ()  # type: ignore[assignment]  # noqa: N806
+    return any(isinstance(p, DTensor) or type(p).__name__ == "FlatParameter" for p in model.parameters())
+
+
 class SDCMonitor:
     """Call :meth:`after_step` after every optimizer step (collective on round steps)."""
 
@@ -61,9 +70,16 @@ class SDCMonitor:
         self.rounds = 0
         self._node_list: list[str] | None = None
         self._refs: list[int] | None = None
+        self.fingerprints = self.world > 1 and not _sharded(model)
         if self.world == 1:
             ctx.events.emit("sdc.unavailable", "one replica: cross-replica fingerprints have nothing to compare "
                             "(the canary still runs)", level="info")
+        elif not self.fingerprints:
+            # FSDP/HSDP: ranks hold different shards, so they are not replicas of each other.
+            # Comparing across HSDP replica groups is not built; say so instead of raising
+            # false mismatches.
+            ctx.events.emit("sdc.unavailable", "sharded parameters (FSDP): no replica of a shard inside the job's "
+                            "process group to compare with; fingerprints off (the canary still runs)", level="warning")
 
     @property
     def replaying(self) -> bool:
@@ -107,6 +123,8 @@ class SDCMonitor:
         # A fresh optimizer has no state yet, and saving it would create some (DCP's
         # optimizer state dict initialises AdamW with a zero-lr step): the first verified
         # snapshot is then taken at the first round.
+        if not self.fingerprints:
+            return
         back = self._fingerprint_round(step, force_snapshot=bool(self.optimizer.state))
         assert back is None or self.pending is not None
 
@@ -120,7 +138,7 @@ class SDCMonitor:
         """
         if self.canary is not None and step % self.cfg.canary_every_steps == 0:
             self._canary_round(step)
-        if step % self.cfg.every_steps:
+        if step % self.cfg.every_steps or not self.fingerprints:
             return None
         return self._fingerprint_round(step)
 
