@@ -104,6 +104,11 @@ def test_gather_merges_two_nodes_into_one_readable_job(tmp_path):
     env2 = Environment.captured(tmp_path)
     assert run(["events", str(tmp_path / "merged"), "--kind", "step", "--json"], env2) == ExitCode.SUCCEEDED
     assert len(env2.stdout.getvalue().splitlines()) == 4
+    # Triage reads the gathered job as one (a clean job: no diagnosis, but no error either).
+    env3 = Environment.captured(tmp_path)
+    code = run(["triage", str(tmp_path / "merged"), "--json"], env3)
+    assert code in (ExitCode.DIAGNOSED, ExitCode.UNDIAGNOSED), env3.stderr.getvalue()
+    assert json.loads(env3.stdout.getvalue())["class"] in (None, "") or code == ExitCode.DIAGNOSED
 
 
 def test_gather_with_a_fetch_command(tmp_path):
