@@ -43,8 +43,15 @@ def _gloo(rank: int, port: int, max_bytes: int, iters: int, q) -> None:
 
 
 def _raw_send(port: int, nbytes: int, iters: int, go, q) -> None:
-    time.sleep(0.3)
-    conn = socket.create_connection(("127.0.0.1", port))
+    deadline = time.monotonic() + 30
+    while True:  # the receiver's process may still be starting
+        try:
+            conn = socket.create_connection(("127.0.0.1", port))
+            break
+        except ConnectionRefusedError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
     payload = memoryview(b"\0" * nbytes)
     for _ in range(iters):
         go.wait()

@@ -1,7 +1,8 @@
 """Plan-driven drills end to end: real `titan run` jobs, real faults, verdicts that can fail.
 
-CI runs the quick plan (through the CLI, as `make demo` does), the defence-off case and the
-two-namespace 1 % loss case; `full`, the other link faults and partitions are `slow`.
+CI runs the quick plan (through the CLI, as `make demo` does), the `cover` plan (every other
+local kind once), the defence-off case and the two-namespace 1 % loss case; `full`, the other
+link faults and the partitions are `slow`.
 """
 
 from __future__ import annotations
@@ -55,6 +56,20 @@ def test_titan_drill_default_quick_plan_passes_every_fault_with_bitwise_equal_fi
                     "attributed_ok", "recovered", "recovery", "rto_s", "steps_lost", "final_state_equal"):
             assert key in f, key
     assert json.loads((Path(rep["run_dir"]) / "chaos" / "verdict.json").read_text())["passed"] is True
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the ENOSPC fault mounts a tmpfs: needs root")
+@pytest.mark.timeout(300)
+def test_cover_plan_exercises_every_other_local_kind_once(tmp_path):
+    plan, steps, _ = builtin_plan("cover")
+    rep = _drill(tmp_path, plan, steps, timeout=260)
+    assert rep["passed"], _failed(rep)
+    kinds = {f["kind"] for f in rep["faults"]} | {"nan_grad", "spike", "kill", "hang"}  # + quick's
+    assert kinds >= {"nan_grad", "inf_loss", "spike", "poison_sample", "bitflip", "kill", "hang", "slow",
+                     "exception", "preempt", "disk", "stress"}, kinds
+    by = {f["kind"]: f for f in rep["faults"]}
+    assert by["bitflip"]["attribution"].startswith("ranks [1]") and by["preempt"]["steps_lost"] == 0
+    assert rep["submissions"] == 2 and rep["final_state_equal"] is True
 
 
 @pytest.mark.parametrize("argv, message", [

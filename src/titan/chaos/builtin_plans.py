@@ -1,4 +1,5 @@
-"""The drills' built-in fault plans: ``quick``, ``full``, ``net`` (``--nodes 2``), ``soak``.
+"""The drills' built-in fault plans: ``quick``, ``full``, ``cover`` (CI's subset), ``net`` and
+``loss1`` (``--nodes 2``), ``soak``.
 
 Each returns ``(plan, steps, ckpt_every)``. Fault steps are placed so that no fault falls
 inside the steps another fault's restart throws away (each verdict stays about one fault).
@@ -47,6 +48,20 @@ def full() -> tuple[Plan, int, int]:
     return plan, 90, 5
 
 
+def cover() -> tuple[Plan, int, int]:
+    """CI's subset: with ``quick`` (nan_grad, spike, kill, hang) every other local kind once."""
+    plan = (Plan(name="cover")
+            .inf_loss(rank=0, step=3)
+            .poison_sample(step=5)
+            .add("bitflip", rank=1, step=10, target="param", tensor="", index=3, bit=30)
+            .slow(rank=1, step=11, factor=4.0, steps=12)
+            .add("disk", step=24, what="enospc", seconds=1.5)
+            .exception(rank=1, step=27, what="cuda")
+            .preempt(step=31)
+            .add("stress", step=33, what="cpu", workers=2, seconds=2.0))
+    return plan, 36, 5
+
+
 def net() -> tuple[Plan, int, int]:
     """Link faults between two namespace nodes (``--nodes 2``)."""
     plan = (Plan(name="net")
@@ -83,7 +98,7 @@ def soak_plan(duration_s: float, every_s: float, *, seed: int = 0, steps_per_s: 
     return plan, steps, 5
 
 
-BUILTIN = {"quick": quick, "full": full, "net": net, "loss1": loss1}
+BUILTIN = {"quick": quick, "full": full, "cover": cover, "net": net, "loss1": loss1}
 
 
 def builtin_plan(name: str) -> tuple[Plan, int, int]:

@@ -232,6 +232,18 @@ class _Injector:
                 self._later(max(float(f.get("seconds")) * 6, 8.0),
                             set_fsync_delay(rd, node, self.control, float(f.get("seconds")), step=step))
             else:
+                # The checkpoint of the last multiple of ckpt_every may still be an async save in
+                # flight: wait (ranks are parked at the gate, the save thread is not) until
+                # ``latest`` names it, so the damage hits the checkpoint the restart will read.
+                want = f"step-{(step - 1) // self.cfg.ckpt_every * self.cfg.ckpt_every:08d}"
+                deadline = time.monotonic() + 20.0
+                while time.monotonic() < deadline:
+                    try:
+                        if (rd.checkpoints / "latest").read_text().strip() == want:
+                            break
+                    except OSError:
+                        pass
+                    time.sleep(0.05)
                 damage_newest_checkpoint(rd, node, what, step=step)
                 # The damage matters on restore: end the rank so the group restarts from disk.
                 send_signal(rd, node, int(ev.pid or 0), "SIGKILL", kind="kill_for_restore", rank=ev.rank,
@@ -301,12 +313,30 @@ def _equal(a: Path, b: Path) -> bool | None:
     return pa.keys() == pb.keys() and all(torch.equal(pa[k], pb[k]) for k in pa)
 
 
+def _code_version() -> str:
+    """torch's version and a digest of the workload's source: a cached reference from other
+    code is never reused."""
+    import importlib.metadata
+    import importlib.util
+
+    spec = importlib.util.find_spec("titan.workloads.tinygpt")  # without importing it (torch)
+    where = list(spec.submodule_search_locations or []) if spec else []
+    h = hashlib.sha256()
+    for f in sorted(p for d in where for p in Path(d).glob("*.py")):
+        h.update(f.read_bytes())
+    try:
+        torch_v = importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        torch_v = "?"
+    return f"{torch_v}:{h.hexdigest()[:16]}"
+
+
 def reference_params(cfg: PlanDrill, skips: list[int], *, cwd: Path, env: dict[str, str]) -> tuple[Path | None, float]:
     """The final parameters of a fault-free run skipping ``skips`` (cached under
     ``<runs>/.reference/<key>.pt``); returns (path, seconds spent, 0 when cached)."""
     runs = cfg.runs_dir if cfg.runs_dir.is_absolute() else cwd / cfg.runs_dir
     key = hashlib.sha256(json.dumps([cfg.steps, cfg.ckpt_every, cfg.nproc, cfg.seed, list(cfg.workload_args),
-                                     skips], sort_keys=True).encode()).hexdigest()[:16]
+                                     skips, _code_version()], sort_keys=True).encode()).hexdigest()[:16]
     cache = runs / ".reference" / f"{key}.pt"
     if cache.exists():
         return cache, 0.0
@@ -328,14 +358,6 @@ def reference_params(cfg: PlanDrill, skips: list[int], *, cwd: Path, env: dict[s
         return None, time.monotonic() - t0
     shutil.copyfile(out, cache)
     return cache, time.monotonic() - t0
-
-
-def _start_agent(rd: RunDir, env: dict[str, str]) -> Callable[[], None]:
-    """The node agent (``titan.monitor``) on this run, sampling every second, no network probe."""
-    from titan.monitor.spawn import start_agent, stop_agent
-
-    proc = start_agent(rd, "node0", env=dict(env, TITAN_AGENT_PROBE="false", TITAN_AGENT_INTERVAL_S="1.0"))
-    return lambda: (stop_agent(proc), None)[1]
 
 
 def predicted_skips(plan: Plan) -> list[int]:
@@ -404,8 +426,6 @@ def run_plan_drill(cfg: PlanDrill, *, cwd: Path, env: dict[str, str] | None = No
 
             topo = Topology(cfg.netns_prefix, cfg.nodes, subnet=cfg.subnet).create()
         sets = _base_sets(cfg, rd)
-        if {f.kind for f in cfg.plan.faults} & {"disk", "stress"}:
-            undos.append(_start_agent(rd, env))  # node telemetry: a second witness of host faults
         inj = _Injector(cfg, rd, topo, control, fill)
         tail = EventTail(rd)
         best = 0

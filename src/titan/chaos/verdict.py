@@ -253,7 +253,9 @@ def judge(plan: Plan, events: Sequence[Event], *, final_equal: bool | None, laun
             v.recovered, v.recovery = rep is not None, (f"{rep.kind} at step {rep.step}" if rep else None)
             v.steps_lost = 0
         elif exp.recovery == "continue" and f.kind == "disk":
-            ok = _first(evs, ["ckpt.saved"], det.t if det else t0)
+            failed_step = int(det.data.get("step", det.step or 0) or 0) if det else f.step
+            ok = _first(evs, ["ckpt.saved"], det.t if det else t0,
+                        lambda e: int(e.data.get("step", e.step or 0) or 0) > failed_step)
             v.recovered, v.recovery, v.steps_lost = ok is not None, (f"next save ok (step {ok.step})" if ok else None), 0
         else:
             v.recovered = (restart is None or restart.t >= t_end) and bool(after)

@@ -20,7 +20,7 @@ def add_plan_args(p: argparse.ArgumentParser) -> None:
     """Flags of the plan-driven drill (added to ``titan drill``)."""
     g = p.add_argument_group("plan-driven drill (the default)")
     g.add_argument("--plan", default=None, metavar="NAME|FILE",
-                   help="built-in plan quick (default), full, net, loss1, soak — or a TOML/YAML/JSON plan file")
+                   help="built-in plan quick (default), full, cover, net, loss1, soak — or a TOML/YAML/JSON plan file")
     g.add_argument("--nodes", type=int, default=1, choices=(1, 2),
                    help="2: run across two network-namespace nodes (real c10d over veth; needs root)")
     g.add_argument("--set", dest="job_sets", action="append", default=[], metavar="SECTION.FIELD=VALUE",
