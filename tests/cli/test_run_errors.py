@@ -82,7 +82,10 @@ def test_subprocess_missing_script_prints_one_line(tmp_path: Path):
 
 
 def test_subprocess_run_two_ranks_succeeds(tmp_path: Path):
-    (tmp_path / "hello.py").write_text("import os\nprint('rank', os.environ['RANK'], os.environ['TITAN_RUN_ID'])\n")
+    # One os.write per line: two workers share the pipe, and print() writes text and newline
+    # separately (seen interleaved as "rankrank 1 hello\n 0 hello").
+    (tmp_path / "hello.py").write_text(
+        "import os\nos.write(1, f\"rank {os.environ['RANK']} {os.environ['TITAN_RUN_ID']}\\n\".encode())\n")
     env = {**os.environ, "TITAN_WATCHDOG_LEDGER_PATH": str(tmp_path / "ledger.sqlite")}
     p = subprocess.run([str(TITAN), "run", "--nproc-per-node", "2", "--run-id", "hello", "--", "hello.py"],
                        cwd=tmp_path, capture_output=True, text=True, timeout=120, env=env)
