@@ -101,7 +101,13 @@ def collect(app_state: Mapping[str, Any], rank: int, *, with_rng: bool = True) -
         if isinstance(obj, torch.nn.Module):
             sd[name] = get_model_state_dict(obj)
         elif isinstance(obj, torch.optim.Optimizer) and model is not None:
+            fresh = not obj.state
             sd[name] = get_optimizer_state_dict(model, obj)
+            if fresh:
+                # DCP initialises an empty optimizer's state with a zero-lr step() (AdamW:
+                # step=1 everywhere) to learn its structure; the live optimizer must stay
+                # fresh, or saving at step 0 would change the run (found with tinygpt).
+                obj.state.clear()
         elif hasattr(obj, "state_dict") and hasattr(obj, "load_state_dict"):
             sd[name] = obj.state_dict()
         else:
