@@ -108,6 +108,18 @@ def test_two_namespace_nodes_ride_out_one_percent_loss_without_a_restart(tmp_pat
     assert rep["restarts"] == 0 and rep["final_state_equal"] is True and rep["wall_s"] <= 60, rep["wall_s"]
 
 
+@pytest.mark.netns
+@pytest.mark.skipif(_NETNS is not None, reason=str(_NETNS))
+@pytest.mark.timeout(330)
+def test_a_kill_on_one_of_two_nodes_restarts_both_and_they_meet_again(tmp_path):
+    # A node-local failure leaves the two agents with different restart counts; the new
+    # workers must still meet (they once did not: a restart-count-keyed store prefix).
+    rep = _drill(tmp_path, Plan().kill(rank=1, step=12), 24, nodes=2, timeout=300, prefix="tck", subnet=94)
+    assert rep["passed"], _failed(rep)
+    (f,) = rep["faults"]
+    assert f["recovered"] and f["final_state_equal"] and f["steps_lost"] >= 1, (f, _failed(rep))
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(os.geteuid() != 0, reason="disk faults mount a tmpfs and a FUSE file system: needs root")
 @pytest.mark.timeout(900)

@@ -103,8 +103,9 @@ def _print(env: Environment, r) -> None:  # noqa: ANN001
     for f in r.faults:
         ok = "[green]✔[/]" if f.passed else "[red]✘[/]"
         t.add_row(f"{ok} {f.kind}" + (f" {f.what}" if f.what else ""),
-                  f"{'all' if f.rank is None else f.rank}/{f.node or '—'}", str(f.step), f.expected,
-                  f.detected_by or ("[dim]not detected[/]" if f.injected else "[red]not injected[/]"),
+                  f"{'all' if f.rank is None else f.rank}/{f.node or '—'}", str(f.step), f.expected.split(";")[0],
+                  "; ".join(d.split(" (")[0] for d in f.detected_by.split("; ")) if f.detected_by else
+                  ("[dim]not detected[/]" if f.injected else "[red]not injected[/]"),
                   _s(f.detection_s), f.attribution or "—",
                   "; ".join(x for x in (f.recovery, f.impact) if x) or "—", _s(f.rto_s),
                   "—" if f.steps_lost is None else str(f.steps_lost),

@@ -1,4 +1,5 @@
-"""``titan drill``: kill a worker mid-training and check that the job recovers exactly."""
+"""``titan drill``: plan-driven fault drills (default: the quick plan) with per-fault verdicts;
+the foundation kill drill when one of its flags (--kill-rank, --lost-steps, --kill-after-ckpt) is given."""
 
 from __future__ import annotations
 
@@ -9,20 +10,25 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from titan.cli._common import print_json
+from titan.cli._drill_plan import add_plan_args, is_plan_drill, run_plan
 from titan.cli.environment import Environment
 from titan.exitcodes import ExitCode
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p = sub.add_parser(
-        "drill", help="kill a worker mid-training; check restart, resume and recomputed steps",
-        description="Train tinygpt on 2 local ranks (gloo) under `titan run`, SIGKILL one worker "
-                    "by PID after a checkpoint so that steps are lost, and check that torchrun "
-                    "restarts the group, training resumes from the latest checkpoint, recomputes "
-                    "exactly the lost steps and finishes.")
-    p.add_argument("--steps", type=int, default=60, help="optimizer steps (default 60)")
-    p.add_argument("--ckpt-every", type=int, default=10, help="checkpoint every K steps (default 10)")
-    p.add_argument("--kill-rank", type=int, default=1, help="rank to kill (default 1)")
+        "drill", help="inject faults from a plan into a training job; judge detection, recovery, bits",
+        description="Train tinygpt on 2 local ranks (gloo) under `titan run`, inject the faults of a "
+                    "plan (built-in quick/full/cover/net/loss1/soak or a file), and judge every fault: "
+                    "detected by which component and how fast, attributed to the right rank, "
+                    "recovered how, steps lost, final model bitwise equal to a reference run. "
+                    "Exit 8 when any expectation fails. With --kill-rank/--lost-steps/"
+                    "--kill-after-ckpt: the foundation drill (one SIGKILL after a checkpoint). "
+                    "See docs/chaos.md.")
+    p.add_argument("--steps", type=int, default=None, help="optimizer steps (default: the plan's; kill drill 60)")
+    p.add_argument("--ckpt-every", type=int, default=None,
+                   help="checkpoint every K steps (default: the plan's; kill drill 10)")
+    p.add_argument("--kill-rank", type=int, default=None, help="foundation kill drill: rank to kill (default 1)")
     p.add_argument("--kill-after-ckpt", type=int, help="checkpoint step after which to kill (default: mid-run)")
     p.add_argument("--lost-steps", type=int, help="steps past that checkpoint before the kill (default K/2)")
     p.add_argument("--nproc", type=int, default=2, help="local ranks (default 2)")
@@ -31,13 +37,17 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--run-id", help="name of the run directory")
     p.add_argument("--timeout", type=float, default=300.0, metavar="S", help="give up after S seconds (default 300)")
     p.add_argument("--json", action="store_true", help="machine-readable report on stdout")
+    add_plan_args(p)
     return p
 
 
 def run(args: argparse.Namespace, env: Environment) -> ExitCode:
     from titan.chaos import DrillConfig, run_drill
 
-    cfg = DrillConfig(steps=args.steps, ckpt_every=args.ckpt_every, kill_rank=args.kill_rank,
+    if is_plan_drill(args):
+        return run_plan(args, env)
+    cfg = DrillConfig(steps=args.steps or 60, ckpt_every=args.ckpt_every or 10,
+                      kill_rank=1 if args.kill_rank is None else args.kill_rank,
                       kill_after_ckpt=args.kill_after_ckpt, lost_steps=args.lost_steps, nproc=args.nproc,
                       seed=args.seed, runs_dir=Path(args.runs_dir), run_id=args.run_id, timeout_s=args.timeout)
     if args.json:

@@ -1,9 +1,11 @@
 """Robust distributed initialisation: retries with exponential backoff and jitter.
 
 The store is reached under ``dist.init_timeout_s`` and the process group is created with
-``dist.pg_timeout_s`` for its collectives — two separate budgets. The group's store is a
-``PrefixStore`` keyed by the restart count, so restarted workers never read the dead
-workers' addresses (measured: the cause of torchrun's flaky restarts here).
+``dist.pg_timeout_s`` for its collectives — two separate budgets. Restarted workers must
+never read the dead workers' addresses (measured: the cause of torchrun's flaky restarts
+here): ``titan run`` gives every rendezvous round a fresh store
+(``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``); under plain torchrun with the agent's shared
+store, the group's store is a ``PrefixStore`` keyed by the restart count instead.
 """
 
 from __future__ import annotations
@@ -75,7 +77,12 @@ def init_distributed(ctx: "WorkerContext") -> str:
             store, rank, world = next(dist.rendezvous(
                 "env://", rank=ctx.rank, world_size=ctx.world_size,
                 timeout=_dt.timedelta(seconds=cfg.init_timeout_s)))
-            store = dist.PrefixStore(f"titan/attempt{ctx.attempt}", store)
+            if os.environ.get("TORCH_DISABLE_SHARE_RDZV_TCP_STORE") != "1":
+                # The agent's store is shared across restarts: keep this attempt's keys apart
+                # from the dead workers'. (Not with a fresh store per rendezvous round — the
+                # default of `titan run` —: restart counts differ between nodes after a
+                # node-local failure, so a count-keyed prefix would keep them apart.)
+                store = dist.PrefixStore(f"titan/attempt{ctx.attempt}", store)
             kwargs = {"device_id": device_id} if device_id is not None else {}
             dist.init_process_group(backend, store=store, rank=rank, world_size=world,
                                     timeout=_dt.timedelta(seconds=cfg.pg_timeout_s), **kwargs)
