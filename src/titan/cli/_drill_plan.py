@@ -115,6 +115,10 @@ def _print(env: Environment, r) -> None:  # noqa: ANN001
         bad = [k for k, v in f.checks.items() if not v]
         if bad:
             env.console.print(f"[red]{f.id}:[/] failed: {', '.join(bad)}")
+    lost = sum(f.steps_lost or 0 for f in r.faults)
+    env.console.print(f"steps {r.steps}/{r.target_steps}; worker failures {r.failures}; restarts {r.restarts}; "
+                      f"worst fault → first kept step {_s(r.rto_s)} s; steps recomputed {r.steps_recomputed} "
+                      f"(lost {lost})")
     env.console.print(f"final model bitwise equal to the reference (skipping steps {r.skipped_steps}): "
                       f"{r.final_state_equal}; run dir {r.run_dir}; verdict in {r.run_dir}/chaos/verdict.json")
     for p in r.problems:

@@ -42,9 +42,18 @@ class Environment:
     def console(self) -> Console:
         """A rich console on stdout (colour only on a real terminal)."""
         return Console(file=self.stdout, soft_wrap=True, highlight=False,
-                       force_terminal=None if self.stdout is sys.stdout else False, width=None if self.stdout is sys.stdout else 120)
+                       force_terminal=None if self.stdout is sys.stdout else False, width=self._width(self.stdout))
 
     @property
     def err_console(self) -> Console:
         return Console(file=self.stderr, soft_wrap=True, highlight=False,
-                       force_terminal=None if self.stderr is sys.stderr else False, width=None if self.stderr is sys.stderr else 120)
+                       force_terminal=None if self.stderr is sys.stderr else False, width=self._width(self.stderr))
+
+    @staticmethod
+    def _width(stream: IO[str]) -> int | None:
+        # A terminal sets its own width; a pipe or log file gets room for the tables
+        # (rich's default of 80 columns folds them into unreadable towers).
+        try:
+            return None if stream.isatty() else 150
+        except (AttributeError, ValueError):
+            return 150
