@@ -21,7 +21,8 @@ pytestmark = pytest.mark.timeout(300)
 def test_drill_run_dir_reconciles_and_its_report_renders(tmp_path, chromium_page):
     titan = Path(sys.executable).with_name("titan")
     env = dict(os.environ, TITAN_WATCHDOG_LEDGER_PATH=str(tmp_path / "ledger.sqlite"))
-    p = subprocess.run([str(titan), "drill", "--json", "--steps", "20", "--ckpt-every", "5", "--runs-dir",
+    # --lost-steps selects the foundation kill drill (one SIGKILL after a checkpoint).
+    p = subprocess.run([str(titan), "drill", "--json", "--lost-steps", "2", "--steps", "20", "--ckpt-every", "5", "--runs-dir",
                         str(tmp_path / "runs"), "--timeout", "240"], capture_output=True, text=True, timeout=280,
                        cwd=tmp_path, env=env)
     try:

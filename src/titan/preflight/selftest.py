@@ -162,8 +162,17 @@ def gemm_canary(device: Any, size: int = 256, seed: int = 1234) -> dict[str, Any
     return {"sha256": hashlib.sha256(c.numpy().tobytes()).hexdigest(), "max_rel_err": rel, "size": size, "seed": seed}
 
 
-def io_test(folder: Path, nbytes: int, rank: int) -> dict[str, Any]:
-    """Write, fsync and read back ``nbytes`` in ``folder`` (called on all ranks at once)."""
+def io_test(folder: Path, nbytes: int, rank: int, repeats: int = 3) -> dict[str, Any]:
+    """Write, fsync and read back ``nbytes`` in ``folder`` (called on all ranks at once);
+    the best of ``repeats`` rounds (other work only ever slows a round down)."""
+    rounds = [_io_round(folder, nbytes, rank) for _ in range(repeats)]
+    best = max(rounds, key=lambda r: r["write_MBps"])
+    best["fsync_s"] = min(r["fsync_s"] for r in rounds)
+    best["read_MBps"] = max(r["read_MBps"] for r in rounds)
+    return best
+
+
+def _io_round(folder: Path, nbytes: int, rank: int) -> dict[str, Any]:
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f".titan-preflight-io.rank{rank}.{os.getpid()}"
     block = os.urandom(1 << 20)

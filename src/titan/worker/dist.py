@@ -4,8 +4,9 @@ The store is reached under ``dist.init_timeout_s`` and the process group is crea
 ``dist.pg_timeout_s`` for its collectives — two separate budgets. Restarted workers must
 never read the dead workers' addresses (measured: the cause of torchrun's flaky restarts
 here): ``titan run`` gives every rendezvous round a fresh store
-(``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``); under plain torchrun with the agent's shared
-store, the group's store is a ``PrefixStore`` keyed by the restart count instead.
+(``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``); when workers use the agent's store
+(``TORCHELASTIC_USE_AGENT_STORE=True``: static rendezvous, or the shared store), the group's
+store is a ``PrefixStore`` keyed by the restart count instead.
 """
 
 from __future__ import annotations
@@ -77,11 +78,12 @@ def init_distributed(ctx: "WorkerContext") -> str:
             store, rank, world = next(dist.rendezvous(
                 "env://", rank=ctx.rank, world_size=ctx.world_size,
                 timeout=_dt.timedelta(seconds=cfg.init_timeout_s)))
-            if os.environ.get("TORCH_DISABLE_SHARE_RDZV_TCP_STORE") != "1":
-                # The agent's store is shared across restarts: keep this attempt's keys apart
-                # from the dead workers'. (Not with a fresh store per rendezvous round — the
-                # default of `titan run` —: restart counts differ between nodes after a
-                # node-local failure, so a count-keyed prefix would keep them apart.)
+            if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+                # The agent's store outlives the workers (static rendezvous, or torchrun's
+                # shared store): keep this attempt's keys apart from the dead workers'. Not
+                # with a fresh store per rendezvous round (`titan run`'s default): restart
+                # counts differ between nodes after a node-local failure, so a count-keyed
+                # prefix would keep the nodes' new workers apart.
                 store = dist.PrefixStore(f"titan/attempt{ctx.attempt}", store)
             kwargs = {"device_id": device_id} if device_id is not None else {}
             dist.init_process_group(backend, store=store, rank=rank, world_size=world,
