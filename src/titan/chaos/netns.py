@@ -39,11 +39,15 @@ def netns_unavailable_reason() -> str | None:
     return None
 
 
-def _sh(*cmd: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+def run_checked(*cmd: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    """Run a system command (30 s bound); ``TitanError`` with its message when it fails."""
     p = subprocess.run(list(cmd), capture_output=True, text=True, timeout=30)
     if check and p.returncode != 0:
-        raise TitanError(f"{' '.join(cmd)} failed: {p.stderr.strip()}")
+        raise TitanError(f"{' '.join(cmd)} failed: {(p.stderr or p.stdout).strip()}")
     return p
+
+
+_sh = run_checked
 
 
 @dataclasses.dataclass

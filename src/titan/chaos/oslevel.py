@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from titan.chaos.netns import run_checked
 from titan.errors import TitanError
 from titan.events import EventWriter, RunDir
 
@@ -67,11 +68,7 @@ def send_signal(rd: RunDir, node: str, pid: int, sig: str = "SIGKILL", *, kind: 
 
 
 # -- disk ---------------------------------------------------------------------------------
-def _run(*cmd: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    p = subprocess.run(list(cmd), capture_output=True, text=True, timeout=30)
-    if check and p.returncode != 0:
-        raise TitanError(f"{' '.join(cmd)} failed: {(p.stderr or p.stdout).strip()}")
-    return p
+_run = run_checked
 
 
 def mount_tmpfs(path: Path, size: str = "64m") -> Undo:

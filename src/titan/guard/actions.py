@@ -143,13 +143,7 @@ def apply(g: "StepGuard", obs: "Observation") -> None:
                 torch._foreach_mul_(grads, coef.to(grads[0].device))
         else:
             torch.nn.utils.clip_grads_with_norm_(g.check.params, g.max_norm, total)
-    if g.scaler is not None:
-        g.scaler.step(g.optimizer)
-        g.scaler.update()
-    else:
-        g.optimizer.step()
-    if g.scheduler is not None:
-        g.scheduler.step()
+    _optimizer_and_schedule(g)
     g.loss_stats.add(obs.losses)
     g.grad_stats.add([obs.grad_norm])
 
@@ -232,13 +226,7 @@ def unguarded_step(g: "StepGuard", fwd_bwd: Callable[[], Any], s: int) -> "StepR
         norm = torch.nn.utils.clip_grad_norm_(params, g.max_norm)
     else:
         norm = torch.nn.utils.get_total_norm([p.grad for p in params])
-    if g.scaler is not None:
-        g.scaler.step(g.optimizer)
-        g.scaler.update()
-    else:
-        g.optimizer.step()
-    if g.scheduler is not None:
-        g.scheduler.step()
+    _optimizer_and_schedule(g)
     g.step_count = s
     lf = float(loss) if not isinstance(loss, torch.Tensor) else float(loss.detach().float())
     return StepResult(step=s, loss=lf, loss_mean=math.nan, grad_norm=float(norm), skipped=False)
@@ -247,3 +235,14 @@ def unguarded_step(g: "StepGuard", fwd_bwd: Callable[[], Any], s: int) -> "StepR
 def _j(x: float) -> float | str:
     """JSON-safe float (events are strict JSON)."""
     return x if math.isfinite(x) else str(x)
+
+
+def _optimizer_and_schedule(g: "StepGuard") -> None:
+    """The update itself: scaler (when any) or optimizer step, then the scheduler."""
+    if g.scaler is not None:
+        g.scaler.step(g.optimizer)
+        g.scaler.update()
+    else:
+        g.optimizer.step()
+    if g.scheduler is not None:
+        g.scheduler.step()
