@@ -7,6 +7,7 @@ Exact in data, not bitwise in the continuation: per-rank RNG streams are re-deri
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 
@@ -33,7 +34,7 @@ def _last_samples(run_dir):
     return max((e["step"], e["data"]["samples"]) for e in step_events(run_dir) if e["kind"] == "step")[1]
 
 
-@pytest.mark.slow  # four launches: ~2 min on the shared 2-core box
+# five launches: ~30 s on a quiet 2-core box, ~2 min when it is shared
 @pytest.mark.timeout(240)
 def test_two_to_one_and_one_to_two_keep_model_state_and_data_position(tmp_path):
     a = tmp_path / "a"
@@ -49,6 +50,14 @@ def test_two_to_one_and_one_to_two_keep_model_state_and_data_position(tmp_path):
 
     b = tmp_path / "b"
     _single(b, ["--steps", "4", "--ckpt-every", "4", "--out", str(tmp_path / "b.pt")])
+    # 1 → 2, model state: resume a copy on 2 ranks with nothing left to train; rank 0 writes
+    # what it loaded.
+    b2 = tmp_path / "b2"
+    shutil.copytree(b, b2)
+    r = run_workload(b2, 2, ["--steps", "4", "--seq-len", "32", "--batch-size", "4", "--out", str(tmp_path / "b2.pt")])
+    assert r.returncode == 0, (b2 / "torchrun.log").read_text()[-3000:]
+    assert all(e["data"]["resharded"] for e in _loaded(b2)) and len(_loaded(b2)) == 2
+    assert not bitwise_diff(load_out(tmp_path / "b.pt"), load_out(tmp_path / "b2.pt")), "1 → 2 changed the model"
     r = run_workload(b, 2, ["--steps", "5", "--seq-len", "32", "--batch-size", "4"])
     assert r.returncode == 0, (b / "torchrun.log").read_text()[-3000:]
     loaded = _loaded(b)
