@@ -78,7 +78,7 @@ def main() -> None:
         for fix in (True, False):
             rows = [trial(Path(d), fix, i, a.timeout) for i in range(a.trials)]
             lat = [r["kill_to_allreduce_s"] for r in rows if r["clean"] and r["kill_to_allreduce_s"]]
-            out["fix (TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1)" if fix else "torchrun default (shared store)"] = {
+            out["fix (fresh bound worker store per round)" if fix else "torchrun default (shared store)"] = {
                 "trials": a.trials, "clean": sum(r["clean"] for r in rows), "succeeded": sum(r["ok"] for r in rows),
                 "hung": sum(r["hung"] for r in rows), "restarts": [r["restarts"] for r in rows],
                 "kill_to_first_allreduce_s_median": round(statistics.median(lat), 2) if lat else None,

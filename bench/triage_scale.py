@@ -3,7 +3,8 @@
 The data is generated under /tmp (deleted afterwards unless --keep): each rank logs
 progress lines with timestamps, NCCL INFO noise and benign fp16-overflow warnings; rank 613
 hits a CUDA OOM, and 15 minutes later every other rank's NCCL watchdog fires (late errors).
-Runs ``titan triage --json`` as a subprocess, side by side with ``--jobs 1`` and ``--jobs 2``
+Runs ``titan triage --json`` as a subprocess (wall and CPU seconds: the CPU rate is what a
+loaded machine does not change much), side by side with ``--jobs 1`` and ``--jobs 2``
 and with a plain ``grep -c`` over the same files (the raw-read floor), and reports wall time,
 throughput, peak RSS (largest process) and the verdict.
 
@@ -15,6 +16,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import os
 import resource
 import shutil
 import subprocess
@@ -76,13 +78,15 @@ def bad_rank(ranks: int) -> int:
     return BAD if ranks > BAD else ranks // 2 + 1
 
 
-def _timed(cmd: list[str]) -> tuple[float, int, subprocess.CompletedProcess[str]]:
-    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+def _timed(cmd: list[str]) -> tuple[float, int, float, subprocess.CompletedProcess[str]]:
+    """Wall seconds, peak RSS (KiB, largest child so far), CPU seconds (user+sys of the command and its children)."""
+    ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     t = time.perf_counter()
     r = subprocess.run(cmd, capture_output=True, text=True)
     wall = time.perf_counter() - t
-    rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    return wall, max(rss, before), r
+    ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime)
+    return wall, max(ru1.ru_maxrss, ru0.ru_maxrss), cpu, r
 
 
 def main() -> None:
@@ -97,18 +101,20 @@ def main() -> None:
         t = time.perf_counter()
         size = generate(root, a.ranks, a.total_mb * 1_000_000)
         print(f"generated {a.ranks} rank logs, {size / 1e9:.3f} GB in {time.perf_counter() - t:.1f}s under {root}")
-        g_wall, _, _ = _timed(["sh", "-c", f"cat {root}/*/*.log | grep -c 'NCCL WARN\\|Error'"])
+        g_wall, _, _, _ = _timed(["sh", "-c", f"cat {root}/*/*.log | grep -c 'NCCL WARN\\|Error'"])
         print(f"baseline  cat|grep -c over the files: {g_wall:6.1f}s  ({size / 1e6 / g_wall:6.0f} MB/s)")
         results = {}
         for jobs in (2, 1):
-            wall, rss, r = _timed([titan, "triage", str(root), "--json", "--jobs", str(jobs)])
+            wall, rss, cpu, r = _timed([titan, "triage", str(root), "--json", "--jobs", str(jobs)])
             v = json.loads(r.stdout)
             results[jobs] = wall
-            print(f"titan triage --jobs {jobs}: {wall:6.1f}s  ({size / 1e6 / wall:6.0f} MB/s)  peak RSS {rss / 1024:.0f} MiB  "
+            print(f"titan triage --jobs {jobs}: {wall:6.1f}s  ({size / 1e6 / wall:6.0f} MB/s)  CPU {cpu:.1f}s ({size / 1e6 / cpu:.0f} MB/s per CPU-second)  "
+                  f"peak RSS {rss / 1024:.0f} MiB  "
                   f"exit {r.returncode}  verdict {v['class']}/{v['culprit']}/{v['action']}  "
                   f"first anomaly {v['first_anomaly']['file']}:{v['first_anomaly']['line']}")
             ok = v["class"] == "oom" and v["culprit"]["rank"] == bad_rank(a.ranks)
             print(f"  verdict {'correct' if ok else 'WRONG'}; ≤ 60 s: {'yes' if wall <= 60 else 'NO'}")
+        print(f"load average at the end: {' '.join(f'{x:.1f}' for x in os.getloadavg())} on {os.cpu_count()} CPUs")
         print(f"ratios: jobs1/jobs2 = {results[1] / results[2]:.2f}; jobs2/grep = {results[2] / g_wall:.2f}")
     finally:
         if not a.keep:

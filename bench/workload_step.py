@@ -27,7 +27,7 @@ def measure(preset: str, steps: int, threads: int, workers: int, batch: int) -> 
     model = GPT(cfg)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     corpus = MarkovCorpus(cfg.vocab_size, cfg.seq_len, seed=0)
-    sampler = ResumableSampler(len(corpus), batch, seed=0)
+    sampler = ResumableSampler(len(corpus), batch, seed=0, rank=0, world_size=1, commit="advance")
     it = iter(DataLoader(corpus, batch_size=batch, sampler=sampler, num_workers=workers,
                          generator=torch.Generator().manual_seed(0)))
     times = []

@@ -20,10 +20,16 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
 from titan.events import RunDir
+from titan.settings.env import TITAN_RDZV_SECRET
+
+# One rendezvous secret for the whole test session: every `titan run` the tests start, in
+# process or as a subprocess (several "nodes" of one job), shares it (docs/security.md).
+os.environ.setdefault(TITAN_RDZV_SECRET, "hex:" + os.urandom(32).hex())
 
 
 @pytest.fixture(autouse=True)
@@ -32,6 +38,31 @@ def _private_node_ledger(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
     add strikes to this machine's real ledger (``titan run`` refuses to start on a node
     over its strike limit — titan.watchdog / issue 5)."""
     monkeypatch.setenv("TITAN_WATCHDOG_LEDGER_PATH", str(tmp_path / "node-ledger.sqlite"))
+
+
+@pytest.fixture(autouse=True)
+def _strict_json_in_run_dirs(tmp_path: Path) -> Iterator[None]:
+    """Every run directory a test leaves in its ``tmp_path`` is strict JSON (no NaN/Infinity)."""
+    yield
+    from _strict_json_scan import violations
+
+    bad = violations(tmp_path)
+    if bad:
+        pytest.fail("lines a strict JSON parser rejects (events must write non-finite numbers as "
+                    "\"nan\"/\"inf\", docs/events.md):\n  " + "\n  ".join(bad), pytrace=False)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _strict_json_in_fixture_run_dirs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """The same over the whole session's temporary tree (module- and session-scoped fixtures:
+    the reference run, drill runs), once at the end."""
+    yield
+    from _strict_json_scan import violations
+
+    bad = violations(tmp_path_factory.getbasetemp())
+    if bad:
+        pytest.fail("run directories of this session hold lines a strict JSON parser rejects:\n  "
+                    + "\n  ".join(bad), pytrace=False)
 
 
 @dataclasses.dataclass(frozen=True)

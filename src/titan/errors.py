@@ -27,7 +27,8 @@ class UserError(TitanError, ValueError):
 class TitanAbort(BaseException):
     """Stop the job now and do not restart it; carries the exit code to end with."""
 
-    def __init__(self, message: str, exit_code: int) -> None:
+    def __init__(self, message: str, exit_code: int, hint: str = "") -> None:
         super().__init__(message)
         self.message = message
         self.exit_code = exit_code
+        self.hint = hint

@@ -9,6 +9,7 @@ itself (see ``docs/failure-model.md``).
 from __future__ import annotations
 
 import enum
+from typing import Iterable
 
 __all__ = ["ExitCode", "describe_exit_codes"]
 
@@ -45,13 +46,13 @@ _MEANINGS: dict[ExitCode, str] = {
     ExitCode.MISMATCH: "preflight: nodes differ in their software stack",
     ExitCode.SELFTEST_FAILED: "preflight: a hardware self-test failed",
     ExitCode.DRILL_FAILED: "drill: at least one expectation failed",
-    ExitCode.PREEMPTED: "worker saved and stopped on SIGTERM (preemption); not a failure",
+    ExitCode.PREEMPTED: "worker saved and stopped on SIGTERM (preemption; the save is on disk); not a failure",
     ExitCode.WORKER_COMM_FAULT: "worker: communication/store error (timeout, peer closed); restartable",
     ExitCode.WORKER_CUDA_FAULT: "worker: CUDA error (sticky ones need a new process); restartable",
-    ExitCode.INTERRUPTED: "interrupted (Ctrl-C)",
+    ExitCode.INTERRUPTED: "interrupted (Ctrl-C, or SIGTERM without a save on disk)",
 }
 
 
-def describe_exit_codes() -> str:
-    """Return the table of exit codes as text for ``--help``."""
-    return "\n".join(f"  {int(c):>3}  {c.meaning}" for c in ExitCode)
+def describe_exit_codes(codes: Iterable[ExitCode] | None = None) -> str:
+    """Return the table of exit codes (all, or ``codes`` in order) as text for ``--help``."""
+    return "\n".join(f"  {int(c):>3}  {c.meaning}" for c in (ExitCode if codes is None else codes))

@@ -1,8 +1,9 @@
 """Plan-driven drills end to end: real `titan run` jobs, real faults, verdicts that can fail.
 
-CI runs the quick plan (through the CLI, as `make demo` does), the `cover` plan (every other
-local kind once), the defence-off case and the two-namespace 1 % loss case; `full`, the other
-link faults and the partitions are `slow`.
+CI runs the quick plan (through the CLI, as `make demo` does), the defence-off case, plan
+mistakes and a kill on one of two namespace nodes; the full plan, the link faults and the
+switched-off plan are in test_acceptance.py; the 1 % loss ride-through, a 20 s partition and
+the soak are `slow` (`make test-slow`).
 """
 
 from __future__ import annotations
@@ -32,9 +33,9 @@ def _failed(rep: dict) -> str:
 
 
 def _drill(tmp: Path, plan: Plan, steps: int, *, nodes: int = 1, sets: tuple[str, ...] = (),
-           reference: bool = True, timeout: float = 280.0, prefix: str = "tcd", subnet: int = 91):
+           reference: bool = True, timeout: float = 280.0, prefix: str = "tcd"):
     cfg = PlanDrill(plan=plan, steps=steps, ckpt_every=5, nodes=nodes, runs_dir=tmp / "runs", timeout_s=timeout,
-                    sets=sets, reference=reference, netns_prefix=prefix, subnet=subnet)
+                    sets=sets, reference=reference, netns_prefix=prefix)
     return run_plan_drill(cfg, cwd=tmp, env=dict(os.environ)).to_dict()
 
 
@@ -56,20 +57,6 @@ def test_titan_drill_default_quick_plan_passes_every_fault_with_bitwise_equal_fi
                     "attributed_ok", "recovered", "recovery", "rto_s", "steps_lost", "final_state_equal"):
             assert key in f, key
     assert json.loads((Path(rep["run_dir"]) / "chaos" / "verdict.json").read_text())["passed"] is True
-
-
-@pytest.mark.skipif(os.geteuid() != 0, reason="the ENOSPC fault mounts a tmpfs: needs root")
-@pytest.mark.timeout(300)
-def test_cover_plan_exercises_every_other_local_kind_once(tmp_path):
-    plan, steps, _ = builtin_plan("cover")
-    rep = _drill(tmp_path, plan, steps, timeout=260)
-    assert rep["passed"], _failed(rep)
-    kinds = {f["kind"] for f in rep["faults"]} | {"nan_grad", "spike", "kill", "hang"}  # + quick's
-    assert kinds >= {"nan_grad", "inf_loss", "spike", "poison_sample", "bitflip", "kill", "hang", "slow",
-                     "exception", "preempt", "disk", "stress"}, kinds
-    by = {f["kind"]: f for f in rep["faults"]}
-    assert by["bitflip"]["attribution"].startswith("ranks [1]") and by["preempt"]["steps_lost"] == 0
-    assert rep["submissions"] == 2 and rep["final_state_equal"] is True
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -98,12 +85,13 @@ def test_a_fault_whose_defence_is_switched_off_fails_the_drill(tmp_path):
     assert f["injected"] and not f["detected"] and f["checks"]["detected"] is False, _failed(rep)
 
 
+@pytest.mark.slow
 @pytest.mark.netns
 @pytest.mark.skipif(_NETNS is not None, reason=str(_NETNS))
 @pytest.mark.timeout(150)
 def test_two_namespace_nodes_ride_out_one_percent_loss_without_a_restart(tmp_path):
     plan, steps, _ = builtin_plan("loss1")
-    rep = _drill(tmp_path, plan, steps, nodes=2, timeout=120, prefix="tcl", subnet=92)
+    rep = _drill(tmp_path, plan, steps, nodes=2, timeout=120, prefix="tcl")
     assert rep["passed"], _failed(rep)
     assert rep["restarts"] == 0 and rep["final_state_equal"] is True and rep["wall_s"] <= 60, rep["wall_s"]
 
@@ -114,30 +102,10 @@ def test_two_namespace_nodes_ride_out_one_percent_loss_without_a_restart(tmp_pat
 def test_a_kill_on_one_of_two_nodes_restarts_both_and_they_meet_again(tmp_path):
     # A node-local failure leaves the two agents with different restart counts; the new
     # workers must still meet (they once did not: a restart-count-keyed store prefix).
-    rep = _drill(tmp_path, Plan().kill(rank=1, step=12), 24, nodes=2, timeout=300, prefix="tck", subnet=94)
+    rep = _drill(tmp_path, Plan().kill(rank=1, step=12), 24, nodes=2, timeout=300, prefix="tck")
     assert rep["passed"], _failed(rep)
     (f,) = rep["faults"]
     assert f["recovered"] and f["final_state_equal"] and f["steps_lost"] >= 1, (f, _failed(rep))
-
-
-@pytest.mark.slow
-@pytest.mark.skipif(os.geteuid() != 0, reason="disk faults mount a tmpfs and a FUSE file system: needs root")
-@pytest.mark.timeout(900)
-def test_full_plan_passes_on_two_ranks(tmp_path):
-    plan, steps, _ = builtin_plan("full")
-    rep = _drill(tmp_path, plan, steps, timeout=840)
-    assert rep["passed"], _failed(rep)
-    assert {f["kind"] for f in rep["faults"]} >= {"bitflip", "preempt", "disk", "stress", "exception", "hang"}
-
-
-@pytest.mark.slow
-@pytest.mark.netns
-@pytest.mark.skipif(_NETNS is not None, reason=str(_NETNS))
-@pytest.mark.timeout(400)
-def test_bandwidth_cut_delay_and_short_partition_are_ridden_out_across_two_nodes(tmp_path):
-    plan, steps, _ = builtin_plan("net")
-    rep = _drill(tmp_path, plan, steps, nodes=2, timeout=360, prefix="tcn", subnet=93)
-    assert rep["passed"] and rep["restarts"] == 0, _failed(rep)
 
 
 @pytest.mark.slow
@@ -146,8 +114,12 @@ def test_bandwidth_cut_delay_and_short_partition_are_ridden_out_across_two_nodes
 @pytest.mark.timeout(400)
 def test_long_partition_is_a_comm_hang_blamed_on_the_link_and_recovered_after_it_heals(tmp_path):
     plan = Plan(name="partition-long").add("net", step=12, what="partition_long", seconds=12.0)
-    rep = _drill(tmp_path, plan, 24, nodes=2, timeout=360, prefix="tcp", subnet=94)
+    rep = _drill(tmp_path, plan, 24, nodes=2, timeout=360, prefix="tcp")
     (f,) = rep["faults"]
     assert rep["passed"], _failed(rep)
-    assert f["detected_by"].startswith("watchdog") and f["attribution"].startswith("link between nodes"), f
-    assert "phase comm" in f["attribution"] and f["recovery"].startswith("restart"), f
+    # The probe sees the link go down within seconds; the watchdog's hang verdict follows.
+    assert f["detector"] == "agent.alert net_link_down" and f["culprit"].startswith("link node0<->node1"), f
+    assert f["recovery"].startswith("restart"), f
+    hangs = [json.loads(ln) for p in (Path(rep["run_dir"]) / "events").glob("watchdog.*.jsonl")
+             for ln in p.read_text().splitlines() if '"hang.detected"' in ln]
+    assert hangs and hangs[0]["data"]["culprit"]["phase"] in ("comm", "backward"), hangs

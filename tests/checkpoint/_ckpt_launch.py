@@ -10,7 +10,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -42,9 +42,11 @@ def losses(run_dir: Path) -> dict[int, float]:
 
 def run_workload(run_dir: Path, nproc: int, args: list[str], *, kills: list[tuple[int, int, int]] = (),
                  env: dict[str, str] | None = None, timeout_s: float = 120, max_restarts: int = 3,
-                 ) -> subprocess.CompletedProcess:
+                 before_kill: Callable[[int], None] | None = None) -> subprocess.CompletedProcess:
     """torchrun ``nproc`` workers of tinygpt; ``kills`` = [(attempt, step, rank)]: SIGKILL
-    ``rank`` of that attempt once it has emitted step >= ``step``."""
+    ``rank`` of that attempt once it has emitted step >= ``step``. ``before_kill(rank)`` runs
+    while that rank is stopped (SIGSTOP), just before its SIGKILL: what it does to the rank's
+    files cannot race the rank's own writes."""
     run_dir.mkdir(parents=True, exist_ok=True)
     e = dict(os.environ)
     e.update({"TITAN_RUN_DIR": str(run_dir), "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
@@ -70,6 +72,9 @@ def run_workload(run_dir: Path, nproc: int, args: list[str], *, kills: list[tupl
                             for e in evs)
                 for ev in reversed(evs if ready else []):
                     if ev["kind"] == "step" and ev["rank"] == rank and ev["attempt"] == attempt and ev["step"] >= step:
+                        if before_kill is not None:
+                            os.kill(ev["pid"], signal.SIGSTOP)
+                            before_kill(rank)
                         os.kill(ev["pid"], signal.SIGKILL)
                         pending.pop(0)
                         break

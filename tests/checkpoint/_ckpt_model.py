@@ -69,6 +69,10 @@ def context(run_dir: Path, *, env_extra: dict[str, str] | None = None, **setting
     env = {f"TITAN_CHECKPOINT_{k.upper()}": str(v) for k, v in settings.items()}
     env.update(env_extra or {})
     env.setdefault("TITAN_CHECKPOINT_SAVE_ON_SIGTERM", "false")
+    # The disk path is what these tests are about; the per-step in-memory tier (on by
+    # default) is tested where it is asked for, in a folder of the test's own.
+    env.setdefault("TITAN_CHECKPOINT_SNAPSHOT_EVERY_STEPS", "0")
+    env.setdefault("TITAN_CHECKPOINT_SNAPSHOT_DIR", str(Path(run_dir).parent / f"{Path(run_dir).name}.shm"))
     return WorkerContext.from_env(load_settings(env=env), run_dir=run_dir, env={})
 
 

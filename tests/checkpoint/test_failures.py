@@ -15,21 +15,15 @@ from titan.checkpoint import Checkpointer
 from titan.checkpoint.manifest import list_committed, verify
 
 from _ckpt_model import build, context, events, train_steps
+from _tmpfs import mounted_tmpfs
 
 pytestmark = pytest.mark.timeout(90)
 
 
 @pytest.fixture
 def small_fs(tmp_path):
-    mnt = tmp_path / "mnt"
-    mnt.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mnt)], capture_output=True, text=True)
-    if r.returncode != 0:
-        pytest.skip(f"cannot mount a 2 MB tmpfs here: {r.stderr.strip()}")
-    try:
+    with mounted_tmpfs(tmp_path / "mnt", "2m") as mnt:
         yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
 @pytest.mark.parametrize("mode", ["sync", "async"])

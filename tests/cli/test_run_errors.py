@@ -43,7 +43,7 @@ CASES = {
     "unknown flag": (["run", "--nprocs", "2", "--", "ok.py"], "unrecognized"),
     "option after --": (["run", "--", "--nproc-per-node", "2"], "launcher option"),
     "bad run id": (["run", "--run-id", "../x", "--", "ok.py"], "invalid run id"),
-    "negative restarts": (["run", "--max-restarts", "-1", "--", "ok.py"], "max_restarts"),
+    "negative restarts": (["run", "--max-restarts", "-1", "--", "ok.py"], "--max-restarts: -1 is out of range"),
     "malformed settings file": (["run", "--config", "bad.toml", "--", "ok.py"], "not valid TOML"),
     "missing settings file": (["run", "--config", "none.toml", "--", "ok.py"], "cannot read settings file"),
     "unwritable runs folder": (["run", "--runs-dir", "blocker/runs", "--", "ok.py"], "cannot create run directory"),

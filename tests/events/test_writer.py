@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from titan.events import EventWriter, read_file
+from titan.events import SCHEMA_VERSION, EventWriter, read_file
 
 
 def test_each_event_is_one_complete_json_line(tmp_path):
@@ -24,7 +24,7 @@ def test_each_event_is_one_complete_json_line(tmp_path):
     assert len(lines) == 2, lines
     objs = [json.loads(x) for x in lines]
     assert [o["kind"] for o in objs] == ["step", "guard.nonfinite"]
-    assert objs[0]["data"] == {"loss": 1.5} and objs[0]["v"] == 1 and objs[0]["ts"].endswith("Z")
+    assert objs[0]["data"] == {"loss": 1.5} and objs[0]["v"] == SCHEMA_VERSION and objs[0]["ts"].endswith("Z")
     assert objs[1]["seq"] == 2 and objs[1]["phase"] == "backward" and objs[1]["level"] == "warning"
 
 

@@ -139,7 +139,7 @@ def run_scenario(sc: dict[str, Any], rank: int, world: int, out: Path) -> dict[s
                                 "escalation": r.escalation,
                                 "scale": scaler.get_scale() if scaler is not None else None,
                                 "rolled_back_to": r.rolled_back_to, "replay_match": r.replay_match,
-                                "lr": opt.param_groups[0]["lr"]})
+                                "lr": r.lr})
                 if r.rolled_back_to is not None:
                     s = r.rolled_back_to
             if s == sc.get("snapshot_at") and not snapshot:
@@ -170,6 +170,10 @@ def _worker(rank: int, world: int, port: int, scenarios: list[dict[str, Any]], o
         (Path(out) / f"results.rank{rank}.json").write_text(json.dumps(res, default=str))
         if world > 1:
             dist.destroy_process_group()
+    if world > 1 and any(sc.get("wrap") == "fsdp" for sc in scenarios):
+        from _dist import leave_without_teardown
+
+        leave_without_teardown()  # FSDP2 keeps the group alive past destroy: its teardown can abort (-6)
 
 
 def run_world(world: int, scenarios: list[dict[str, Any]], out: Path, timeout_s: float = 150.0) -> list[dict]:

@@ -11,13 +11,13 @@ from titan.cli.environment import Environment
 from titan.cli.main import run as cli_run
 from titan.exitcodes import ExitCode
 
-#: A worker that announces itself, then behaves as ``PLAN[attempt][rank]`` says:
-#: "ok", "exit:N", "kill" (SIGKILL itself), "sleep" (until stopped).
+#: A worker that announces itself (``worker.started``: the context wires itself under
+#: ``titan run``), then behaves as ``PLAN[attempt][rank]`` says: "ok", "exit:N", "kill"
+#: (SIGKILL itself), "sleep" (until stopped).
 WORKER = textwrap.dedent('''
     import os, signal, sys, time
     from titan.worker import WorkerContext
     ctx = WorkerContext.from_env()
-    ctx.events.emit("worker.started", data={"pid": os.getpid()})
     plan = eval(sys.argv[1])
     what = plan.get(ctx.attempt, {}).get(ctx.rank, plan.get("default", "ok"))
     ctx.events.emit("test.plan", what)

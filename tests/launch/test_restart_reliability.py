@@ -37,12 +37,19 @@ SCRIPT = textwrap.dedent('''
 ''')
 
 
+def _crash_loop_allowed(monkeypatch) -> None:
+    for var, value in {"TITAN_WATCHDOG_STRIKE_LIMIT": "1000", "TITAN_WATCHDOG_GIVEUP_RESTARTS": "1000",
+                       "TITAN_WATCHDOG_GIVEUP_SAME_FAILURE": "1000", "TITAN_WATCHDOG_RESTART_BACKOFF_S": "0"}.items():
+        monkeypatch.setenv(var, value)
+
+
 @pytest.mark.slow  # ~90 s here: 11 attempts x 2 workers importing torch on 2 shared cores
 @pytest.mark.timeout(300)
 def test_ten_gloo_restarts_in_a_row_without_a_miss(tmp_path, monkeypatch):
     # Ten crashes of one node would (rightly) exclude it under the node ledger's default
-    # limit; this test is about the launcher's restarts, so the limit is lifted.
-    monkeypatch.setenv("TITAN_WATCHDOG_STRIKE_LIMIT", "1000")
+    # limit, and ten attempts without a step would (rightly) make the launcher back off and
+    # give up; this test is about the launcher's restarts, so both are lifted.
+    _crash_loop_allowed(monkeypatch)
     script = tmp_path / "flaky.py"
     script.write_text(SCRIPT)
     code, out, err = titan(["run", "--nproc-per-node", "2", "--max-restarts", "10", "--json",
@@ -62,8 +69,7 @@ def test_ten_gloo_restarts_in_a_row_without_a_miss(tmp_path, monkeypatch):
 LIGHT = textwrap.dedent('''
     import os, signal, sys
     from titan.worker import WorkerContext
-    ctx = WorkerContext.from_env()
-    ctx.events.emit("worker.started", data={"pid": os.getpid()})
+    ctx = WorkerContext.from_env()  # under titan run: worker.started (with the pid), beacon, fault boundary
     if ctx.attempt < 10 and ctx.rank == ctx.attempt % 2:
         if ctx.attempt % 4 < 2:
             os.kill(os.getpid(), signal.SIGKILL)
@@ -73,7 +79,7 @@ LIGHT = textwrap.dedent('''
 
 @pytest.mark.timeout(120)
 def test_ten_restarts_in_a_row_without_a_miss(tmp_path, monkeypatch):
-    monkeypatch.setenv("TITAN_WATCHDOG_STRIKE_LIMIT", "1000")  # see the gloo test
+    _crash_loop_allowed(monkeypatch)  # see the gloo test
     script = tmp_path / "flaky.py"
     script.write_text(LIGHT)
     code, out, err = titan(["run", "--nproc-per-node", "2", "--max-restarts", "10", "--json",

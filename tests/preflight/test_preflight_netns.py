@@ -15,7 +15,7 @@ _REASON = netns_unavailable_reason()
 @pytest.mark.timeout(240)
 @pytest.mark.skipif(_REASON is not None, reason=f"network namespaces unavailable: {_REASON}")
 def test_slow_link_node_is_named_by_pairwise_tests(tmp_path):
-    with Topology("tpf", 3, subnet=7) as topo:
+    with Topology("tpf", 3) as topo:
         topo.limit_bandwidth(2, rate="40mbit")
         verdict = run_nodes(tmp_path, [{}, {}, {}], ["--max-bytes=16384", "--io-bytes=65536", "--pair-bytes=1048576",
                                                      "--skip=gemm,io"],

@@ -62,7 +62,8 @@ def test_guard_skipped_step_is_badput_and_an_incident(tmp_path):
     acc = account_run(rd.path)
     _close(acc.buckets, {"goodput": 5, "skipped_replayed": 1})
     (inc,) = acc.incidents
-    assert inc.kind == "guard" and inc.step == 4 and inc.rpo_steps == 1
+    # A skipped update is not lost work: nothing is recomputed (RPO 0); it is counted as skipped.
+    assert inc.kind == "guard" and inc.step == 4 and inc.rpo_steps == 0 and inc.skipped_steps == 1, inc
     assert set(inc.data["kinds"]) == {"guard.nonfinite", "guard.skip"}
     assert inc.rto_s == pytest.approx(1.0, abs=1e-5), "the next kept step (5) ends 1 s after the skip"
 
@@ -175,3 +176,40 @@ def test_a_job_that_never_steps_and_is_not_restarted_is_startup_then_shutdown(tm
     _close(acc.buckets, {"startup": 4, "shutdown": 2, "restart": 0})
     (inc,) = acc.incidents
     assert inc.kind == "fatal" and inc.rto_s is None
+
+
+def test_a_fault_gets_the_incident_it_caused_not_the_previous_one_a_few_steps_before():
+    # CI: at 20 ms a step a NaN at step 4 and a spike at step 13 are 0.18 s apart, inside the
+    # window's slack; the spike was matched to the NaN's incident (the first in the window).
+    from titan.sla.figures import incident_in_window
+
+    s = SynthRun(world=2).startup(1).steps(20, step_time=0.02, skipped=(4, 13))
+    t_step = {e.step: e.t for e in s.events if e.kind == "step" and e.rank == 0}
+    injects = {}
+    for step, kind, rank in ((4, "inject.nan_grad", 1), (13, "inject.spike", 0)):
+        t = t_step[step] - 0.015  # injected during the step, before the guard's report
+        s.emit(kind, rank=rank, step=step, t=t, data={"rank": rank})
+        injects[step] = t
+    s.events.sort(key=lambda e: e.t)
+    acc = account(s.end(0).events, {})
+    guard = [i for i in acc.incidents if i.kind == "guard"]
+    assert [i.step for i in guard] == [4, 13], acc.incidents
+    assert injects[13] - 0.5 < guard[0].onset_t, "the case must put the NaN's incident inside the spike's slack"
+    for step, t in injects.items():
+        inc = incident_in_window(acc, t, kinds=("guard",))
+        assert inc is not None and inc.step == step and inc.rank == (1 if step == 4 else 0), (step, inc)
+
+
+def test_a_preempted_and_resubmitted_job_charges_the_gap_to_restart_not_goodput(tmp_path):
+    # 5 s start-up, steps 1-10 (ckpt after 5 and 10), the preempted job exits 1 s later; the
+    # resubmitted one (its attempts numbered from 0 again) starts 6 s after that and steps
+    # 11-15. Before: the resubmission's first step spanned the 7 s gap, counted as goodput.
+    r = SynthRun(world=2).startup(5).steps(10, ckpt_every=5, stall=0.5).end(1, exit_code=9)
+    r.attempt = 0
+    r.emit("launcher.started", rank=None, data={"world": 2})
+    r.startup(6)
+    for rank in range(2):
+        r.emit("ckpt.loaded", rank=rank, step=10, data={"step": 10})
+    rd = r.steps(5).end(1).write(tmp_path)
+    acc = account_run(rd.path)
+    _close(acc.buckets, {"goodput": 15, "restart": 7, "startup": 5, "shutdown": 1, "ckpt_stall": 1.0})

@@ -24,7 +24,6 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import titan.beacon as beacon
-from titan.watchdog.policy import check_progress, restart_backoff
 from titan.worker import WorkerContext, init_distributed
 from titan.worker.errors import fault_boundary
 
@@ -43,7 +42,6 @@ def main() -> None:
     ctx = WorkerContext.from_env()
     b = beacon.install(ctx)
     with fault_boundary(ctx):
-        restart_backoff(ctx)
         b.enter("init")
         init_distributed(ctx)
         b.exit()
@@ -76,7 +74,6 @@ def main() -> None:
             opt.load_state_dict(st["opt"])
             start = int(st["step"])
         b.exit()
-        check_progress(ctx, start)
         if a.crash_after_resume:
             raise RuntimeError("injected crash right after resume")
         fwd_times: list[float] = []

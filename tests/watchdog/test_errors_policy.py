@@ -1,4 +1,5 @@
-"""In-loop fault classification and the worker-side restart policy."""
+"""In-loop fault classification and the fault boundary (the restart policy is the launcher's:
+tests/launch/test_restart_policy.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,6 @@ import torch.distributed as dist
 from titan.errors import TitanAbort
 from titan.exitcodes import ExitCode
 from titan.settings import load_settings
-from titan.watchdog.policy import backoff_for_attempt, check_progress, read_progress, restart_backoff
 from titan.worker import WorkerContext
 from titan.worker.errors import classify, fault_boundary
 
@@ -62,27 +62,3 @@ def test_fault_boundary_turns_an_abort_into_its_exit_code(tmp_path):
         with fault_boundary(ctx):
             raise TitanAbort("stop", int(ExitCode.GAVE_UP))
     assert ei.value.code == int(ExitCode.GAVE_UP)
-
-
-def test_backoff_is_zero_on_first_restart_then_exponential_and_capped():
-    assert [backoff_for_attempt(a, 1.0, 5.0) for a in range(6)] == [0, 0, 1, 2, 4, 5]
-
-
-def test_restart_backoff_sleeps_by_attempt(tmp_path):
-    slept = []
-    restart_backoff(_ctx(tmp_path, attempt=3), sleep=slept.append)
-    assert slept == [2.0] and _events(tmp_path, "restart.backoff")
-
-
-def test_gives_up_when_k_restarts_bring_no_checkpoint_progress(tmp_path):
-    k = {"watchdog.giveup_restarts": 2}
-    check_progress(_ctx(tmp_path, attempt=0, **k), 0)
-    check_progress(_ctx(tmp_path, attempt=1, **k), 20)
-    check_progress(_ctx(tmp_path, attempt=2, **k), 30)  # progress: 0 -> 30
-    check_progress(_ctx(tmp_path, attempt=3, **k), 30)  # 20 -> 30 still progress
-    with pytest.raises(TitanAbort) as ei:
-        check_progress(_ctx(tmp_path, attempt=4, **k), 30)  # attempt 2 and 4 both resumed from 30
-    assert ei.value.exit_code == ExitCode.GAVE_UP
-    assert read_progress(tmp_path / "progress.json") == {0: 0, 1: 20, 2: 30, 3: 30, 4: 30}
-    abort = json.loads((tmp_path / "abort.json").read_text())
-    assert abort["exit_code"] == int(ExitCode.GAVE_UP) and "without checkpoint progress" in abort["reason"]

@@ -12,7 +12,9 @@ In a training loop::
         ...
         b.step_end(step)
 
-Cheap to import (no torch at import time).
+Cheap to import (no torch at import time). Sits below ``titan.worker`` (it imports no other
+Titan package); ``hooks.py`` is the one DDP comm-hook registry (the guard owns the hook,
+observers — these counters, tracing, fault injection — wrap it).
 """
 
 from __future__ import annotations
@@ -21,11 +23,12 @@ from titan.beacon.core import DEFAULT_COMPUTE_PHASES, Beacon, done, get_beacon, 
 from titan.beacon.install import (
     DUMP_SIGNAL, beacon_dir, beacon_path, comm_hook, count_collectives, install, stacks_path,
 )
+from titan.beacon.hooks import add_comm_hook_wrapper, remove_comm_hook_wrapper, wrap_comm_hook
 from titan.beacon.layout import BeaconSnapshot, decode
 from titan.beacon.reader import read_beacon, request_dump, scan_beacons
 
 __all__ = [
-    "Beacon", "BeaconSnapshot", "DEFAULT_COMPUTE_PHASES", "DUMP_SIGNAL", "beacon_dir", "beacon_path", "comm_hook",
+    "Beacon", "BeaconSnapshot", "add_comm_hook_wrapper", "remove_comm_hook_wrapper", "wrap_comm_hook", "DEFAULT_COMPUTE_PHASES", "DUMP_SIGNAL", "beacon_dir", "beacon_path", "comm_hook",
     "count_collectives", "decode", "done", "get_beacon", "install", "phase", "proc_start_ticks", "read_beacon",
     "request_dump", "scan_beacons", "set_beacon", "stacks_path",
 ]

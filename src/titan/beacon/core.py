@@ -62,6 +62,9 @@ class Beacon:
         fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
             os.ftruncate(fd, L.SIZE)
+            # Allocate the pages now: a store into an unbacked page of a full tmpfs/disk is a
+            # SIGBUS that kills the worker; this raises ENOSPC here instead (beacon disabled).
+            os.posix_fallocate(fd, 0, L.SIZE)
             self._mm = mmap.mmap(fd, L.SIZE, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         finally:
             os.close(fd)
@@ -70,6 +73,7 @@ class Beacon:
         struct.pack_into("<qqqqqq32s", mm, L.F.IDENT, os.getpid(), proc_start_ticks(os.getpid()), rank,
                          local_rank, world, attempt, node.encode()[:32])
         self.rank, self.local_rank, self.world, self.attempt, self.node = rank, local_rank, world, attempt, node
+        self.pid = os.getpid()
         self.compute_phases = compute_phases
         self._names: dict[str, int] = {}
         self._by_idx: list[str] = []
@@ -89,6 +93,10 @@ class Beacon:
         #: Optional observer of phase and step transitions (``titan.tracing.StepTracer``):
         #: one set of phase marks serves the watchdog and tracing.
         self.listener: Any = None
+        #: Called when the data pipeline draws a batch (``titan.data``), before the phase
+        #: becomes ``data``: the step guard begins the step there, so loading a step's data is
+        #: part of that step (``titan.guard.progress``).
+        self.on_data: Any = None
         _pack_q(mm, L.F.STATE, L.STATE_RUNNING)
         self._set(self._index("setup"), _mono())
         # Publish under the final name only once the header is complete.
@@ -171,16 +179,27 @@ class Beacon:
     def set_phase(self, name: str) -> None:
         """Replace the current top-level phase (no nesting) — for loops that prefer marks."""
         now = _mono()
+        old = None
         with self._lock:
             if self._stack:
                 idx, t0 = self._stack.pop()
+                old = self._by_idx[idx]
                 dur = now - t0
                 self._record_phase(idx, dur)
-                if self._by_idx[idx] in self.compute_phases:
+                if old in self.compute_phases:
                     self._compute_ns += dur
             idx = self._index(name)
             self._stack.append((idx, now))
             self._set(idx, now)
+        if self.listener is not None:
+            if old is not None:
+                self.listener.phase_exit(old)
+            self.listener.phase_enter(name)
+
+    def current_phase(self) -> str:
+        """The phase the beacon shows now (the innermost one)."""
+        with self._lock:
+            return self._by_idx[self._stack[-1][0]] if self._stack else self._top
 
     def heartbeat(self) -> None:
         """Show progress without changing phase (e.g. inside a long user loop)."""

@@ -20,12 +20,23 @@ import signal
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable, Protocol
 
 from titan.beacon.core import Beacon, get_beacon, set_beacon
+from titan.beacon.hooks import add_comm_hook_wrapper, wrap_comm_hook
 
-if TYPE_CHECKING:
-    from titan.worker.context import WorkerContext
+
+class WorkerLike(Protocol):
+    """What :func:`install` reads of a ``titan.worker.WorkerContext`` (the beacon sits below
+    the worker package and does not import it)."""
+
+    rank: int
+    local_rank: int
+    world_size: int
+    attempt: int
+    node: str
+    run_dir: Any
+    settings: Any
 
 __all__ = [
     "install", "beacon_path", "beacon_dir", "stacks_path", "comm_hook", "count_collectives", "DUMP_SIGNAL",
@@ -54,17 +65,22 @@ def stacks_path(stacks_dir: str | os.PathLike[str], node: str, rank: int, attemp
     return Path(stacks_dir) / f"{node}.rank{rank}.attempt{attempt}.pid{pid}.{suffix}"
 
 
-def install(ctx: "WorkerContext") -> Beacon | None:
+def install(ctx: WorkerLike) -> Beacon | None:
     """Create this worker's beacon and dump machinery; returns the beacon (``None`` if disabled).
 
-    Cost: one file create + mmap (~100 µs), one daemon thread waking every 0.1 s.
-    Never raises for I/O problems (logs and returns ``None``): monitoring must not stop training.
+    Idempotent: a second call in the same process (the context wired it already) returns the
+    beacon in use. Cost: one file create + mmap (~100 µs), one daemon thread waking every
+    0.1 s. Never raises for I/O problems (logs and returns ``None``): monitoring must not stop
+    training.
     """
     cfg = getattr(ctx.settings, "watchdog", None)
     if cfg is not None and not cfg.enabled:
         return None
-    os.environ.setdefault("TORCH_FR_BUFFER_SIZE", FR_BUFFER_DEFAULT)
-    os.environ.setdefault("TORCH_NCCL_TRACE_BUFFER_SIZE", FR_BUFFER_DEFAULT)
+    cur = get_beacon()
+    if cur is not None and cur.pid == os.getpid() and (cur.rank, cur.attempt, cur.node) == (ctx.rank, ctx.attempt,
+                                                                                          ctx.node):
+        return cur
+    os.environ.setdefault(flight_recorder_var(), FR_BUFFER_DEFAULT)
     try:
         b = Beacon(beacon_path(ctx.run_dir.path, ctx.node, ctx.local_rank, cfg.beacon_dir if cfg else ""),
                    rank=ctx.rank, local_rank=ctx.local_rank, world=ctx.world_size, attempt=ctx.attempt,
@@ -73,8 +89,6 @@ def install(ctx: "WorkerContext") -> Beacon | None:
         log.warning("beacon disabled: %s", e)
         return None
     set_beacon(b)
-    from titan.worker.hooks import add_comm_hook_wrapper
-
     add_comm_hook_wrapper(count_collectives)  # whoever registers DDP's hook gets the counters
     pid = os.getpid()
     ctx.run_dir.stacks.mkdir(parents=True, exist_ok=True)
@@ -90,6 +104,20 @@ def install(ctx: "WorkerContext") -> Beacon | None:
     t = threading.Thread(target=_helper_loop, args=(b, fh, fr), name="titan-beacon-helper", daemon=True)
     t.start()
     return b
+
+
+def flight_recorder_var() -> str:
+    """The environment variable that sizes this torch's flight recorder.
+
+    torch with the generic recorder (``_dump_fr_trace_json``) reads ``TORCH_FR_BUFFER_SIZE``
+    and warns, once per rank, that ``TORCH_NCCL_TRACE_BUFFER_SIZE`` is deprecated when that
+    one is set; older torch only knows the NCCL name. Cost: one attribute lookup.
+    """
+    try:
+        import torch._C._distributed_c10d as c10d
+    except ImportError:  # torch without distributed: nothing reads either name
+        return "TORCH_FR_BUFFER_SIZE"
+    return "TORCH_FR_BUFFER_SIZE" if hasattr(c10d, "_dump_fr_trace_json") else "TORCH_NCCL_TRACE_BUFFER_SIZE"
 
 
 def _dump_flight_recorder(path: Path) -> bool:
@@ -144,7 +172,7 @@ def count_collectives(hook: Callable[[Any, Any], Any], slot: int = 0) -> Callabl
     *Issued* is counted when ``hook`` returns (the collective is enqueued), *completed* when
     its future completes: a rank asleep inside a hook, before enqueueing, stays behind its
     peers — the per-rank sequence numbers the watchdog compares. Observes only (the
-    gradients are untouched). Registered with ``titan.worker.hooks`` by :func:`install`, so
+    gradients are untouched). Registered with ``titan.beacon.hooks`` by :func:`install`, so
     whoever owns DDP's one hook (the guard) gets the counters. Cost ≈ 5 µs per bucket.
     """
 
@@ -176,8 +204,6 @@ def comm_hook(before: Callable[[Any], None] | None = None) -> Callable[[Any, Any
     ``before(bucket)`` runs inside the hook before the all-reduce (fault injection in tests).
     """
     from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
-
-    from titan.worker.hooks import add_comm_hook_wrapper, wrap_comm_hook
 
     add_comm_hook_wrapper(count_collectives)
 

@@ -63,12 +63,13 @@ class Injector:
     """
 
     def __init__(self, rank: int | None = None, *, step_fn: Callable[[], int] | None = None,
-                 events: Any = None) -> None:
+                 events: Any = None, noop: bool = False) -> None:
         if rank is None:
             import torch.distributed as dist
 
             rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
         self.rank = rank
+        self.noop = noop  # record each firing but change nothing (faults switched off)
         self._step_fn = step_fn
         self._step = 0
         self.events = events
@@ -106,15 +107,20 @@ class Injector:
     def step(self) -> int:
         return self._step_fn() if self._step_fn is not None else self._step
 
-    def attach(self, model: nn.Module) -> "Injector":
+    def attach(self, model: nn.Module, *, grads: bool = True) -> "Injector":
         """Install the hooks the planned faults need on ``model`` (DDP/FSDP wrappers ok).
 
-        Raises ``KeyError`` naming the unknown parameter or module.
+        ``grads=False``: gradient faults are applied by :meth:`poison` instead (the step
+        guard calls it on each gradient bucket / reduce-scatter input before the collective —
+        the only place FSDP2's local gradients exist). Raises ``KeyError`` naming the unknown
+        parameter or module.
         """
         params = {_strip(n): p for n, p in model.named_parameters()}
         mods = {_strip(n): m for n, m in model.named_modules()}
         for f in self.faults:
             if f.rank != self.rank:
+                continue
+            if f.kind == "grad" and not grads:
                 continue
             if f.kind == "grad":
                 if f.target not in params:
@@ -132,30 +138,53 @@ class Injector:
             h.remove()
         self._handles.clear()
 
+    def poison(self, flat: torch.Tensor) -> bool:
+        """Put a gradient fault due now on this rank into element 0 of ``flat`` (this rank's
+        local gradients of one bucket, before the all-reduce / reduce-scatter); once per due
+        fault (one host sync when it fires: the event records the element before and after;
+        switched off by ``TITAN_CHAOS_NOOP``, it records both unchanged). Returns whether it
+        changed ``flat``."""
+        for f in self.faults:
+            if f.kind == "grad" and f.due(self.rank, self.step):
+                with torch.no_grad():
+                    before = float(flat.view(-1)[0])
+                    if not self.noop:
+                        flat.view(-1)[0] = f.value
+                self._fired(f, before=before, after=float(flat.view(-1)[0]))
+                return not self.noop
+        return False
+
     def loss(self, loss: torch.Tensor) -> torch.Tensor:
-        """Return ``loss`` multiplied by any loss spike due now on this rank."""
+        """Return ``loss`` multiplied by any loss spike due now on this rank (one host sync
+        when it fires: the event records the loss before and after)."""
         for f in self.faults:
             if f.kind == "loss" and f.due(self.rank, self.step):
-                self._fired(f)
-                loss = loss * f.value
+                before = float(loss.detach())
+                if not self.noop:
+                    loss = loss * f.value
+                self._fired(f, before=before, after=float(loss.detach()))
         return loss
 
     # --- internals ------------------------------------------------------------------
-    def _fired(self, f: Fault) -> None:
+    def _fired(self, f: Fault, **measured: float) -> None:
+        """Count and record one firing; ``measured``: the value before and after (the effect)."""
         f.fired += 1
         log.info("inject %s on rank %d at step %d (%s)", f.kind, f.rank, f.step, f.target)
         if self.events is not None:
             self.events.emit(f"inject.{f.kind}", f"injected {f.kind} fault {f.target} at step {f.step}",
                              level="warning", step=f.step,
-                             data={"rank": f.rank, "target": f.target, "value": str(f.value), "fired": f.fired})
+                             data={"rank": f.rank, "target": f.target, "value": str(f.value), "fired": f.fired,
+                                   **measured, "injected": True})
 
     def _grad_hook(self, f: Fault) -> Callable[[torch.Tensor], torch.Tensor | None]:
         def hook(grad: torch.Tensor) -> torch.Tensor | None:
             if not f.due(self.rank, self.step):
                 return None
-            self._fired(f)
             g = grad.clone()
-            g.view(-1)[0] = f.value
+            before = float(g.view(-1)[0])
+            if not self.noop:
+                g.view(-1)[0] = f.value
+            self._fired(f, before=before, after=float(g.view(-1)[0]))
             return g
         return hook
 

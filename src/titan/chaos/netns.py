@@ -1,8 +1,12 @@
 """Test "nodes" made of network namespaces on one machine, and real faults on their links.
 
-``Topology(prefix, n)`` creates ``n`` namespaces joined to one bridge in the root namespace
-by veth pairs, addresses ``198.18.<subnet>.<i+1>/24`` (the benchmarking range, never routed
-outside). Link faults are real kernel mechanisms: ``tc tbf`` for bandwidth, nftables
+``Topology(tag, n)`` creates ``n`` namespaces joined to one bridge in the root namespace
+by veth pairs, addresses ``198.18.<k>.<i+1>/24`` or ``198.19.<k>.<i+1>/24`` (the benchmarking
+range, never routed outside). Names and subnet belong to one *slot* of 512 that the topology
+claims with an exclusive ``flock`` on ``/run/titan-netns/slot-<k>.lock`` for its lifetime, so
+concurrent runs — two ``titan drill --nodes 2``, other people's tests — never share a name or
+a subnet; the lock dies with its process, and the next claimer of a slot first removes what
+a killed run left behind. Link faults are real kernel mechanisms: ``tc tbf`` for bandwidth, nftables
 ``numgen random`` for loss (:meth:`Topology.set_loss`), link down or an nftables drop for a
 partition, and an NFQUEUE rule with a user-space delayer for delay (:meth:`Topology.start_delay`). Needs root and ``iproute2``; every
 command is checked and the whole topology is removed by ``destroy()`` (also on errors).
@@ -11,13 +15,24 @@ command is checked and the whole topology is removed by ``destroy()`` (also on e
 from __future__ import annotations
 
 import dataclasses
+import fcntl
+import os
+import random
+import re
 import shutil
 import subprocess
+from pathlib import Path
 from typing import Sequence
 
 from titan.errors import TitanError
 
-__all__ = ["Topology", "NetnsUnavailable", "netns_unavailable_reason"]
+__all__ = ["Topology", "NetnsUnavailable", "netns_unavailable_reason", "SLOTS", "LOCK_DIR"]
+
+#: Where slot claims live: one path for the whole machine (not $TMPDIR, which differs per user).
+LOCK_DIR = Path("/run/titan-netns")
+#: 198.18.0.0/15 holds 512 /24 subnets: one per slot.
+SLOTS = 512
+_TAG = re.compile(r"^[a-z]{1,6}$")
 
 
 class NetnsUnavailable(TitanError):
@@ -26,16 +41,15 @@ class NetnsUnavailable(TitanError):
 
 def netns_unavailable_reason() -> str | None:
     """``None`` when namespaces can be made here, else why not (for skips and errors)."""
-    import os
-
     if os.geteuid() != 0:
         return "network namespaces need root"
     if not shutil.which("ip") or not shutil.which("tc"):
         return "iproute2 (ip, tc) is not installed"
-    probe = subprocess.run(["ip", "netns", "add", "titan-probe"], capture_output=True, text=True)
+    name = f"titan-probe-{os.getpid()}-{random.randrange(1 << 30):x}"  # concurrent probes must not collide
+    probe = subprocess.run(["ip", "netns", "add", name], capture_output=True, text=True)
     if probe.returncode != 0:
         return f"ip netns add failed: {probe.stderr.strip()}"
-    subprocess.run(["ip", "netns", "del", "titan-probe"], capture_output=True)
+    subprocess.run(["ip", "netns", "del", name], capture_output=True)
     return None
 
 
@@ -50,19 +64,64 @@ def run_checked(*cmd: str, check: bool = True) -> subprocess.CompletedProcess[st
 _sh = run_checked
 
 
+def _claim_slot(tag: str) -> tuple[int, int, str | None]:
+    """Lock a free slot; returns (slot, the locked fd, the tag of its previous holder).
+    ``TitanError`` when all are taken."""
+    LOCK_DIR.mkdir(mode=0o755, parents=True, exist_ok=True)
+    start = random.randrange(SLOTS)
+    for k in range(SLOTS):
+        slot = (start + k) % SLOTS
+        fd = os.open(LOCK_DIR / f"slot-{slot}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            continue
+        prev = os.pread(fd, 200, 0).decode(errors="replace").split()
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()} {tag}\n".encode(), 0)
+        return slot, fd, (prev[1] if len(prev) > 1 and _TAG.match(prev[1]) else None)
+    raise TitanError(f"all {SLOTS} network-namespace slots in {LOCK_DIR} are held by running processes")
+
+
 @dataclasses.dataclass
 class Topology:
-    """``n`` namespaces ``<prefix>0..`` on bridge ``<prefix>br``; see the module doc."""
+    """``n`` namespaces on one bridge, named and addressed by a claimed slot (module doc).
 
-    prefix: str
+    ``tag`` (1–6 lowercase letters) starts every name so a person can tell whose they are;
+    names and addresses exist from :meth:`create` until :meth:`destroy`."""
+
+    tag: str
     n: int
-    subnet: int = 0
+    slot: int | None = dataclasses.field(default=None, init=False)
+    _fd: int | None = dataclasses.field(default=None, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if not _TAG.match(self.tag):
+            raise ValueError(f"netns tag {self.tag!r} must be 1-6 lowercase letters (interface names are <= 15 chars)")
+        if not 1 <= self.n <= 99:
+            raise ValueError(f"a topology has 1..99 nodes, not {self.n}")
+
+    @property
+    def prefix(self) -> str:
+        """``<tag><slot, 3 digits>``: every name of this topology starts with it (letters
+        then digits, so no two tags or slots give the same names)."""
+        if self.slot is None:
+            raise TitanError("the topology has no names before create()")
+        return f"{self.tag}{self.slot:03d}"
+
+    @property
+    def subnet(self) -> str:
+        """This topology's /24, e.g. ``198.18.42``."""
+        if self.slot is None:
+            raise TitanError("the topology has no subnet before create()")
+        return f"198.{18 + self.slot // 256}.{self.slot % 256}"
 
     def ns(self, i: int) -> str:
         return f"{self.prefix}{i}"
 
     def addr(self, i: int) -> str:
-        return f"198.18.{self.subnet}.{i + 1}"
+        return f"{self.subnet}.{i + 1}"
 
     def host_if(self, i: int) -> str:
         return f"{self.prefix}h{i}"
@@ -75,11 +134,17 @@ class Topology:
         return f"{self.prefix}br"
 
     def create(self) -> "Topology":
+        """Claim a slot and build the namespaces. Cost: ~10 ``ip`` commands per node.
+        Raises ``NetnsUnavailable`` (not root, no iproute2) or ``TitanError``."""
         reason = netns_unavailable_reason()
         if reason:
             raise NetnsUnavailable(reason)
-        self.destroy()  # leftovers of a killed earlier run
+        if self.slot is not None:
+            raise TitanError(f"topology {self.prefix} is already created")
+        self.slot, self._fd, prev = _claim_slot(self.tag)
         try:
+            # What a killed earlier holder of this slot left behind (its lock died with it).
+            self._remove(f"{prev}{self.slot:03d}" if prev else None)
             _sh("ip", "link", "add", self.bridge, "type", "bridge")
             _sh("ip", "link", "set", self.bridge, "up")
             for i in range(self.n):
@@ -97,12 +162,31 @@ class Topology:
             raise
         return self
 
-    def destroy(self) -> None:
-        """Remove namespaces, veths and the bridge; ignores what is already gone."""
+    def _remove(self, earlier: str | None = None) -> None:
+        for pre in {earlier or self.prefix, self.prefix}:
+            # An earlier holder may have had any node count: match its names by prefix.
+            names = {ln.split()[0] for ln in _sh("ip", "netns", "list", check=False).stdout.splitlines() if ln.strip()}
+            for ns in sorted(x for x in names if re.fullmatch(rf"{re.escape(pre)}\d+", x)):
+                _sh("ip", "netns", "del", ns, check=False)
+            for link in (f"{pre}br", *(f"{pre}h{i}" for i in range(100))):
+                if Path("/sys/class/net", link).exists():
+                    _sh("ip", "link", "del", link, check=False)
         for i in range(self.n):
             _sh("ip", "netns", "del", self.ns(i), check=False)
             _sh("ip", "link", "del", self.host_if(i), check=False)
-        _sh("ip", "link", "del", self.bridge, check=False)
+        _sh("ip", "link", "del", self.bridge, check=False)  # its veths go with their namespaces
+
+    def destroy(self) -> None:
+        """Remove namespaces, veths and the bridge, then give the slot back; ignores what
+        is already gone. Safe to call twice."""
+        if self.slot is None:
+            return
+        try:
+            self._remove()
+        finally:
+            if self._fd is not None:
+                os.close(self._fd)  # releases the flock
+            self.slot, self._fd = None, None
 
     def exec_prefix(self, i: int) -> list[str]:
         """Prepend to a command to run it inside node ``i``."""
@@ -113,6 +197,17 @@ class Topology:
         _sh("tc", "qdisc", "replace", "dev", self.host_if(i), "root", "tbf", "rate", rate, "burst", burst, "latency", latency)
         _sh(*self.exec_prefix(i), "tc", "qdisc", "replace", "dev", self.ns_if(i), "root", "tbf", "rate", rate,
             "burst", burst, "latency", latency)
+
+    def shaped_packets(self, i: int) -> int:
+        """Packets the ``tbf`` shapers on node ``i``'s link held back so far (``overlimits``
+        of both directions): the evidence that a bandwidth cut bit."""
+        total = 0
+        for cmd in (["tc", "-s", "qdisc", "show", "dev", self.host_if(i)],
+                    [*self.exec_prefix(i), "tc", "-s", "qdisc", "show", "dev", self.ns_if(i)]):
+            out = _sh(*cmd, check=False).stdout or ""
+            for m in re.finditer(r"tbf.*?overlimits (\d+)", out, re.S):
+                total += int(m.group(1))
+        return total
 
     def clear_bandwidth(self, i: int) -> None:
         _sh("tc", "qdisc", "del", "dev", self.host_if(i), "root", check=False)
@@ -176,15 +271,23 @@ class Topology:
         time.sleep(0.05)
         return proc
 
-    def stop_delay(self, i: int, proc: "subprocess.Popen[str] | None", queue: int = 7) -> None:
+    def stop_delay(self, i: int, proc: "subprocess.Popen[str] | None", queue: int = 7) -> dict[str, int]:
+        """Remove the NFQUEUE rule and end the delayer; returns what it held back
+        (``delayed_packets``, ``delayed_bytes``; empty when it could not say)."""
         _sh(*self.exec_prefix(i), "iptables-legacy", "-D", "OUTPUT", "-o", self.ns_if(i), "-j", "NFQUEUE",
             "--queue-num", str(queue), "--queue-bypass", check=False)
-        if proc is not None and proc.poll() is None:
+        if proc is None:
+            return {}
+        if proc.poll() is None:
             proc.terminate()
             try:
                 proc.wait(5)
             except subprocess.TimeoutExpired:
                 proc.kill()
+                return {}
+        out = proc.stdout.read() if proc.stdout else ""
+        m = re.search(r"delayed (\d+) packets (\d+) bytes", out or "")
+        return {"delayed_packets": int(m.group(1)), "delayed_bytes": int(m.group(2))} if m else {}
 
     def __enter__(self) -> "Topology":
         return self.create()

@@ -2,7 +2,8 @@
 
 ``python -m titan.chaos.nfqdelay QUEUE DELAY_MS [JITTER_MS]`` (run inside the namespace whose
 ``iptables-legacy … -j NFQUEUE --queue-num QUEUE`` rule sends it packets) holds every packet
-``DELAY_MS`` (± uniform ``JITTER_MS``) and then accepts it, in arrival order per deadline.
+``DELAY_MS`` (± uniform ``JITTER_MS``) and then accepts it, in arrival order per deadline; on
+SIGTERM it prints ``delayed N packets B bytes``.
 Single-threaded: one ``select`` loop reads the queue without blocking and issues verdicts
 when due. Needs PyPI ``NetfilterQueue`` (Debian ``libnetfilter-queue-dev``) and root.
 """
@@ -30,9 +31,12 @@ def main(argv: list[str] | None = None) -> int:
     jitter = float(args[2]) / 1000.0 if len(args) > 2 else 0.0
     held: list[tuple[float, int, Any]] = []
     seq = itertools.count()
+    count = {"packets": 0, "bytes": 0}
 
     def on_packet(pkt: Any) -> None:
         d = delay + (random.uniform(-jitter, jitter) if jitter else 0.0)
+        count["packets"] += 1
+        count["bytes"] += pkt.get_payload_len()
         heapq.heappush(held, (time.monotonic() + max(d, 0.0), next(seq), pkt))
 
     stop = False
@@ -65,6 +69,8 @@ def main(argv: list[str] | None = None) -> int:
                 pass
         nfq.unbind()
         sock.close()
+        # What was held back: the evidence that the delay bit (read by Topology.stop_delay).
+        print(f"delayed {count['packets']} packets {count['bytes']} bytes", flush=True)
     return 0
 
 

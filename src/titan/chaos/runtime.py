@@ -29,11 +29,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from titan.chaos.plan import IN_PROCESS_KINDS, FaultSpec, Plan
+from titan.settings.env import TITAN_CHAOS_SKIP_STEPS
 
 if TYPE_CHECKING:
     from titan.worker.context import WorkerContext
 
-__all__ = ["RuntimeFaults", "fault_id", "chaos_dir", "GATE_TIMEOUT_S", "CUDA_MESSAGE", "COMM_MESSAGE"]
+__all__ = ["planned_skips", "RuntimeFaults", "fault_id", "chaos_dir", "noop", "GATE_TIMEOUT_S", "CUDA_MESSAGE", "COMM_MESSAGE"]
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +43,25 @@ CUDA_MESSAGE = "CUDA error: the launch timed out and was terminated (injected by
 COMM_MESSAGE = "Connection reset by peer (injected by titan.chaos)"
 #: Gated OS-level kinds where only the target rank waits (the others run into the collective).
 _RANK_GATED = frozenset({"kill"})
+
+
+def noop(env: dict[str, str] | None = None) -> bool:
+    """True when the faults are switched off (``TITAN_CHAOS_NOOP=1``): injectors write their
+    ``inject.*`` events and change nothing."""
+    from titan.settings.env import TITAN_CHAOS_NOOP
+
+    return (os.environ if env is None else env).get(TITAN_CHAOS_NOOP, "") not in ("", "0")
+
+
+def planned_skips(env: Any = None) -> dict[int, str]:
+    """``TITAN_CHAOS_SKIP_STEPS`` (``"4,13:loss_spike"``): step → the verdict kind to skip it as
+    (``nonfinite`` unless named), for a drill's clean reference run."""
+    raw = (os.environ if env is None else env).get(TITAN_CHAOS_SKIP_STEPS, "").replace(" ", "")
+    out: dict[int, str] = {}
+    for item in filter(None, raw.split(",")):
+        step, _, kind = item.partition(":")
+        out[int(step)] = kind or "nonfinite"
+    return out
 
 
 def fault_id(index: int, f: FaultSpec) -> str:
@@ -85,6 +105,7 @@ class RuntimeFaults:
 
     def __init__(self, ctx: "WorkerContext", plan: Plan) -> None:
         self.ctx = ctx
+        self.noop = noop()
         self.dir = chaos_dir(ctx.run_dir.path)
         mine = lambda f: (f.rank is None or f.rank == ctx.rank) and (f.node is None or f.node == ctx.node)  # noqa: E731
         self.local = [(fault_id(i, f), f) for i, f in enumerate(plan.faults)
@@ -96,9 +117,10 @@ class RuntimeFaults:
         self._step_times: list[float] = []
         self._slow_left = 0
         self._slow_factor = 1.0
+        self._slow_base: float | None = None
         self._pending_hang: tuple[str, FaultSpec] | None = None
         if any(f.kind == "hang" and f.get("where") == "collective" for _, f in self.local):
-            from titan.worker.hooks import add_comm_hook_wrapper
+            from titan.beacon.hooks import add_comm_hook_wrapper
 
             add_comm_hook_wrapper(self._wrap_comm_hook)  # before the guard registers its hook
 
@@ -115,7 +137,8 @@ class RuntimeFaults:
 
     def _emit(self, f: FaultSpec, msg: str, **data: Any) -> None:
         self.ctx.events.emit(f"inject.{f.kind}", msg, level="warning", step=self.step,
-                             data={"rank": self.ctx.rank, "node": self.ctx.node, "planned_step": f.step, **data})
+                             data={"rank": self.ctx.rank, "node": self.ctx.node, "planned_step": f.step,
+                                   "noop": self.noop, **data, "injected": True})
 
     # -- loop hooks --------------------------------------------------------------------
     def begin_step(self, step: int) -> None:
@@ -143,16 +166,21 @@ class RuntimeFaults:
 
                     with beacon.phase("forward"):
                         self._emit(f, f"holding the GIL for {secs:g} s", where="gil", seconds=secs, phase="forward")
-                        hold_gil(secs)
+                        if not self.noop:
+                            hold_gil(secs)
                 else:
                     from titan import beacon
 
                     with beacon.phase("data"):
                         self._emit(f, f"asleep in data loading for {secs:g} s", where="data", seconds=secs,
                                    phase="data")
-                        time.sleep(secs)
+                        if not self.noop:
+                            time.sleep(secs)
             elif f.kind == "slow":
-                self._slow_left, self._slow_factor = int(f.get("steps")), float(f.get("factor"))
+                self._slow_left, self._slow_factor = int(f.get("steps")), 1.0 if self.noop else float(f.get("factor"))
+                # This rank's own step time *before* the fault: the slowed steps must not feed
+                # back into it (a 4x straggler once grew to 20x and tripped the hang watchdog).
+                self._slow_base = statistics.median(self._step_times[-20:]) if self._step_times else None
                 self._emit(f, f"{self._slow_factor:g}x slower for {self._slow_left} steps",
                            factor=self._slow_factor, steps=self._slow_left)
             elif f.kind == "poison_sample":
@@ -160,7 +188,7 @@ class RuntimeFaults:
 
     def poisoned(self, step: int) -> bool:
         """True while step ``step`` carries a poisoned sample (every pass: replays see it too)."""
-        return any(f.kind == "poison_sample" and f.step == step and self.marker(fid).exists()
+        return not self.noop and any(f.kind == "poison_sample" and f.step == step and self.marker(fid).exists()
                    and self._poison_attempt_ok(fid) for fid, f in self.local)
 
     def _poison_attempt_ok(self, fid: str) -> bool:
@@ -179,7 +207,7 @@ class RuntimeFaults:
         if self._slow_left > 0 and self._step_times:
             from titan import beacon
 
-            base = statistics.median(self._step_times[-20:])
+            base = self._slow_base if self._slow_base is not None else statistics.median(self._step_times[-20:])
             with beacon.phase("forward"):
                 time.sleep(base * (self._slow_factor - 1.0))
             self._slow_left -= 1
@@ -188,19 +216,39 @@ class RuntimeFaults:
     def _raise(self, f: FaultSpec) -> None:
         what = f.get("what")
         self._emit(f, f"raising a {what} error at step {self.step}", what=what, phase="forward")
+        if self.noop:
+            return
         if what == "comm":
             import torch.distributed as dist
 
-            raise dist.DistNetworkError(COMM_MESSAGE)
-        raise RuntimeError(CUDA_MESSAGE)
+            exc: Exception = dist.DistNetworkError(COMM_MESSAGE)
+        else:
+            exc = RuntimeError(CUDA_MESSAGE)
+        exc.titan_injected = True  # type: ignore[attr-defined] - its worker.fault says injected
+        raise exc
 
     def _gate(self, fid: str, f: FaultSpec) -> None:
-        go = self.dir / f"go.{fid}"
+        """Wait for the driver in two steps: in phase ``gate`` (its own budget: the driver may
+        wait for a checkpoint to land) until it is ready, then back in the step's own phase —
+        acknowledged with ``armed.<id>`` — until it has injected (``go.<id>``). A rank stopped
+        or killed there is caught in the phase it really was in."""
+        from titan.beacon import get_beacon
+
+        go, ready, armed = (self.dir / f"{p}.{fid}" for p in ("go", "ready", "armed"))
         if go.exists():
             return
+        b = get_beacon()
+        prev = b.current_phase() if b is not None else None
+        if b is not None:
+            b.set_phase("gate")
         self.ctx.events.emit("chaos.gate", f"rank {self.ctx.rank} waits at step {self.step} for {f.kind}",
                              step=self.step, data={"fault": fid, "kind": f.kind, "rank": self.ctx.rank})
         deadline = time.monotonic() + GATE_TIMEOUT_S
+        while not (go.exists() or ready.exists()) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        if b is not None and prev is not None:
+            b.set_phase(prev)
+        armed.with_name(f"{armed.name}.r{self.ctx.rank}").touch()
         while not go.exists() and time.monotonic() < deadline:
             time.sleep(0.01)
 
@@ -212,6 +260,7 @@ class RuntimeFaults:
                 secs = float(f.get("seconds"))
                 self._emit(f, f"asleep before the all-reduce for {secs:g} s", where="collective", seconds=secs,
                            phase="comm")
-                time.sleep(secs)
+                if not self.noop:
+                    time.sleep(secs)
             return hook(state, bucket)
         return wrapped

@@ -9,6 +9,7 @@ firing writes an ``inject.<kind>`` event: the ground truth drills judge against.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from typing import TYPE_CHECKING, Any
@@ -16,26 +17,23 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from titan.chaos.flips import flip_bit as _flip
 from titan.chaos.inject import Injector
 from titan.chaos.plan import FaultSpec, Plan
-from titan.chaos.runtime import RuntimeFaults, fault_id
-from titan.settings.env import TITAN_CHAOS_PLAN, TITAN_CHAOS_SKIP_STEPS
+from titan.chaos.runtime import RuntimeFaults, fault_id, planned_skips
+from titan.settings.env import TITAN_CHAOS_PLAN
 
 if TYPE_CHECKING:
     from titan.worker.context import WorkerContext
 
-__all__ = ["WorkerFaults", "flip_bit"]
+__all__ = ["WorkerFaults", "flip_bit", "faults_for"]
 
 
 def flip_bit(t: torch.Tensor, index: int, bit: int) -> tuple[float, float]:
-    """Flip bit ``bit`` of element ``index`` of ``t`` in place; returns (before, after)."""
-    flat = t.detach().view(-1)
-    ints = {8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.uint8}[flat.element_size()]
-    iv = flat.view(ints)
-    before = float(flat[index])
-    with torch.no_grad():
-        iv[index] ^= (1 << bit) if bit < 63 else -(1 << 63)
-    return before, float(flat[index])
+    """Flip bit ``bit`` of element ``index`` of ``t`` in place; returns (before, after).
+    (:func:`titan.chaos.flips.flip_bit` also returns the raw bits.)"""
+    r = _flip(t, index, bit)
+    return r.before, r.after
 
 
 _ONCE = frozenset({"nan_grad", "inf_loss", "spike"})
@@ -56,7 +54,8 @@ class WorkerFaults:
         self.faults = faults
         self.skip_steps = skip_steps
         self.active = bool(faults) or bool(skip_steps) or bool(self.runtime and self.runtime.active)
-        self._injector = Injector(rank=ctx.rank, events=ctx.events) if faults else None
+        self.noop = self.runtime.noop if self.runtime is not None else False
+        self._injector = Injector(rank=ctx.rank, events=ctx.events, noop=self.noop) if faults else None
         self._step = 0
         self._fired: set[int] = set()
         self._optimizer: Any = None
@@ -67,7 +66,7 @@ class WorkerFaults:
     def from_env(cls, ctx: "WorkerContext", env: dict[str, str] | None = None) -> "WorkerFaults":
         e = env if env is not None else os.environ
         path = e.get(TITAN_CHAOS_PLAN)
-        skips = frozenset(int(s) for s in e.get(TITAN_CHAOS_SKIP_STEPS, "").replace(" ", "").split(",") if s)
+        skips = frozenset(planned_skips(e))
         if not path:
             return cls(ctx, [], skip_steps=skips)
         plan = Plan.load(path)
@@ -78,8 +77,11 @@ class WorkerFaults:
         self._optimizer, self._scheduler = optimizer, scheduler
         return self
 
-    def attach(self, model: nn.Module) -> "WorkerFaults":
-        """Install gradient hooks for ``nan_grad`` faults (before DDP's all-reduce)."""
+    def attach(self, model: nn.Module, *, via_reduce: bool = False) -> "WorkerFaults":
+        """Install gradient hooks for ``nan_grad`` faults (before DDP's all-reduce).
+
+        ``via_reduce``: the step guard applies them through :meth:`poison` on each gradient
+        bucket (DDP) or reduce-scatter input (FSDP2) instead of tensor hooks."""
         if self._injector is None:
             return self
         names = [n for n, _ in model.named_parameters()]
@@ -93,7 +95,7 @@ class WorkerFaults:
             elif f.kind in ("spike", "inf_loss"):
                 factor = math.inf if f.kind == "inf_loss" else float(f.get("factor"))
                 self._injector.loss_spike(rank=self.ctx.rank, step=f.step, factor=factor, times=f.get("times"))
-        self._injector.attach(model)
+        self._injector.attach(model, grads=not via_reduce)
         for i, f in enumerate(self.faults):
             if f.kind == "bitflip" and f.get("target") == "grad":
                 self._grad_flip(model, i, f)
@@ -102,7 +104,7 @@ class WorkerFaults:
     def _grad_flip(self, model: nn.Module, i: int, f: FaultSpec) -> None:
         """A silent bit flip in this rank's local gradient, before the all-reduce (once)."""
         params = {n.replace("module.", "", 1): p for n, p in model.named_parameters()}
-        name = f.get("tensor") or next(iter(params))
+        name, index = self._element(f, params)
         first = {"done": False}
 
         def hook(grad: torch.Tensor) -> torch.Tensor | None:
@@ -113,12 +115,16 @@ class WorkerFaults:
             first["done"] = True
             self._fired.add(i)
             g = grad.clone()
-            before, after = flip_bit(g, int(f.get("index")), int(f.get("bit")))
-            self.ctx.events.emit("inject.bitflip", f"flipped bit {f.get('bit')} of grad.{name}[{f.get('index')}]",
+            r = _flip(g, index, int(f.get("bit")))
+            if self.noop:
+                _flip(g, index, int(f.get("bit")))  # switched off: flipped back, recorded as unchanged
+                r = dataclasses.replace(r, after=r.before, after_bits=r.before_bits)
+            self.ctx.events.emit("inject.bitflip", f"flipped bit {f.get('bit')} of grad.{name}[{index}]",
                                  level="warning", step=self._step, data={
                                      "rank": self.ctx.rank, "node": self.ctx.node, "tensor": f"grad.{name}",
-                                     "index": int(f.get("index")), "bit": int(f.get("bit")), "before": before,
-                                     "after": after, "target": "grad"})
+                                     "index": index, "bit": int(f.get("bit")), "before": r.before,
+                                     "after": r.after, "before_bits": r.before_bits, "after_bits": r.after_bits,
+                                     "target": "grad", "injected": True})
             return g
         params[name].register_hook(hook)
 
@@ -156,6 +162,10 @@ class WorkerFaults:
                 obj.step = old
         self._patched.clear()
 
+    def poison(self, flat: torch.Tensor) -> bool:
+        """A ``nan_grad`` fault due now on this rank, written into this bucket's local gradients."""
+        return self._injector.poison(flat) if self._injector is not None else False
+
     def loss(self, loss: torch.Tensor) -> torch.Tensor:
         """The loss, multiplied by a spike due now on this rank."""
         if self.runtime is not None and self.runtime.poisoned(self._step):
@@ -170,8 +180,9 @@ class WorkerFaults:
                     self._fired.add(i)
                     self.ctx.events.emit("inject.gemm_perturb", "compute canary perturbed from now on",
                                          level="warning", step=self._step,
-                                         data={"rank": self.ctx.rank, "node": self.ctx.node, "from_step": f.step})
-                return True
+                                         data={"rank": self.ctx.rank, "node": self.ctx.node, "from_step": f.step,
+                                               "noop": self.noop, "injected": True})
+                return not self.noop
         return False
 
     def after_step(self, step: int, model: nn.Module, optimizer: torch.optim.Optimizer | None) -> None:
@@ -183,25 +194,55 @@ class WorkerFaults:
             if self.runtime is not None and id(f) in self._ids and not self.runtime.claim(self._ids[id(f)]):
                 continue  # fired in an earlier attempt: a recomputed step stays clean
             self._fired.add(i)  # a transient: a replay of this step must not flip it again
-            tensor, name = self._target(f, model, optimizer)
-            before, after = flip_bit(tensor, int(f.get("index")), int(f.get("bit")))
-            self.ctx.events.emit("inject.bitflip", f"flipped bit {f.get('bit')} of {name}[{f.get('index')}]",
+            tensor, name, index = self._target(f, model, optimizer)
+            r = _flip(tensor, index, int(f.get("bit")))
+            if self.noop:
+                _flip(tensor, index, int(f.get("bit")))  # switched off: flipped back, recorded as unchanged
+                r = dataclasses.replace(r, after=r.before, after_bits=r.before_bits)
+            self.ctx.events.emit("inject.bitflip", f"flipped bit {f.get('bit')} of {name}[{index}]",
                                  level="warning", step=step, data={
                                      "rank": self.ctx.rank, "node": self.ctx.node, "tensor": name,
-                                     "index": int(f.get("index")), "bit": int(f.get("bit")), "before": before,
-                                     "after": after, "target": f.get("target")})
+                                     "index": index, "bit": int(f.get("bit")), "before": r.before,
+                                     "after": r.after, "before_bits": r.before_bits, "after_bits": r.after_bits,
+                                     "target": f.get("target"), "injected": True})
 
     @staticmethod
-    def _target(f: FaultSpec, model: nn.Module, optimizer: Any) -> tuple[torch.Tensor, str]:
+    def _element(f: FaultSpec, params: dict[str, torch.Tensor]) -> tuple[str, int]:
+        """The parameter name and element a flip hits: as planned, or drawn with the fault's
+        ``seed`` when the plan says ``tensor="*"`` / ``index=-1``."""
+        from titan.chaos.flips import pick_element
+
+        name, index = str(f.get("tensor") or next(iter(params))), int(f.get("index"))
+        if name == "*":
+            name, drawn = pick_element(params, int(f.get("seed")))
+            index = drawn if index < 0 else index
+        elif index < 0:
+            index = pick_element({name: params[name]}, int(f.get("seed")))[1]
+        if name not in params:
+            raise KeyError(f"bitflip: no parameter {name!r}")
+        return name, index
+
+    @classmethod
+    def _target(cls, f: FaultSpec, model: nn.Module, optimizer: Any) -> tuple[torch.Tensor, str, int]:
         params = {n.replace("module.", "", 1): p for n, p in model.named_parameters()}
-        pname = f.get("tensor") or next(iter(params))
-        if pname not in params:
-            raise KeyError(f"bitflip: no parameter {pname!r}")
+        pname, index = cls._element(f, params)
         p = params[pname]
         target = f.get("target")
         if target == "param":
-            return p.data, f"param.{pname}"
+            return p.data, f"param.{pname}", index
         state = optimizer.state.get(p, {}) if optimizer is not None else {}
         if target not in state:
             raise KeyError(f"bitflip: optimizer state of {pname!r} has no {target!r} (has {sorted(state)})")
-        return state[target], f"optim.{pname}.{target}"
+        return state[target], f"optim.{pname}.{target}", index
+
+
+def faults_for(ctx: "WorkerContext") -> WorkerFaults:
+    """The process's in-process faults from ``TITAN_CHAOS_PLAN`` (one object per context,
+    shared by the guard and the checkpointer). Its reference-run skips are left to the step
+    guard, which skips natively (``TITAN_CHAOS_SKIP_STEPS``)."""
+    faults = getattr(ctx, "_titan_faults", None)
+    if faults is None:
+        faults = WorkerFaults.from_env(ctx)
+        faults.skip_steps = frozenset()
+        ctx._titan_faults = faults  # type: ignore[attr-defined]
+    return faults

@@ -20,11 +20,11 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["Checkpointer", "Preempted", "CheckpointLoadError", "ddp_warmup", "verify", "VerifyResult"]
+__all__ = ["Checkpointer", "Preempted", "CheckpointLoadError", "CheckpointsLost", "ddp_warmup", "verify", "VerifyResult"]
 
 
 def __getattr__(name: str) -> Any:  # lazy: keep `import titan.checkpoint` cheap
-    if name in ("Checkpointer", "Preempted", "CheckpointLoadError"):
+    if name in ("Checkpointer", "Preempted", "CheckpointLoadError", "CheckpointsLost"):
         from titan.checkpoint import checkpointer
 
         return getattr(checkpointer, name)

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 from titan.checkpoint import commit as _commit
 from titan.checkpoint import manifest as _mf
+from titan.checkpoint.slowsave import SaveTimeDetector
 from titan.checkpoint.staging import Stager
 from titan.errors import TitanAbort, TitanError
 from titan.exitcodes import ExitCode
@@ -32,7 +33,7 @@ from titan.exitcodes import ExitCode
 if TYPE_CHECKING:
     from titan.worker.context import WorkerContext
 
-__all__ = ["Checkpointer", "Preempted", "CheckpointLoadError"]
+__all__ = ["Checkpointer", "Preempted", "CheckpointLoadError", "CheckpointsLost"]
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +53,16 @@ class Preempted(TitanAbort, SystemExit):
 
 class CheckpointLoadError(TitanError):
     """No checkpoint could be loaded after one had partly overwritten the live state."""
+
+
+class CheckpointsLost(TitanAbort):
+    """Every checkpoint is corrupt and ``checkpoint.allow_fresh_start`` is off: stop (exit
+    ``GAVE_UP``) rather than train again from step 0 without anyone noticing."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, int(ExitCode.GAVE_UP),
+                         hint="inspect with `titan ckpt ls`; to start over from step 0 on purpose, "
+                              "--set checkpoint.allow_fresh_start=true")
 
 
 @dataclasses.dataclass
@@ -85,11 +96,19 @@ class Checkpointer:
         self._prev_sigterm: Any = None
         self.last_saved_step: int | None = None
         self.saves_started = 0
-        self._snap = None
-        if self.cfg.snapshot_every_steps:
-            self.enable_snapshots()
+        self._slow = SaveTimeDetector(self.root)  # a slow disk, from the saves' own times
+        self._snap = None  # the verified tier (SDC), ``snapshot.py``
+        self._steps: Any = None  # the per-step tier, ``stepsnap.py`` (created at the first use)
+        self._steps_stats: list[Any] = []
+        self._steps_saves = 0
+        self._last_state: Mapping[str, Any] | None = None  # for the final-state digest
+        self._last_step: int | None = None
+        self._rolled_back_to: int | None = None
         if self.cfg.save_on_sigterm and threading.current_thread() is threading.main_thread():
             self._prev_sigterm = signal.signal(signal.SIGTERM, self._on_sigterm)
+        ctx.events.emit("ckpt.armed", f"checkpoints every {self.cfg.every_steps} steps in {self.root}", data={
+            "every_steps": self.cfg.every_steps, "mode": self.cfg.mode, "dir": str(self.root),
+            "save_on_sigterm": self.cfg.save_on_sigterm})
 
     # --- collectives --------------------------------------------------------------------
     def _dist(self) -> Any:
@@ -106,7 +125,24 @@ class Checkpointer:
             timeout = _dt.timedelta(seconds=self.ctx.settings.dist.pg_timeout_s)
             self._ctl = dist.new_group(backend="gloo", timeout=timeout)
             self._io = dist.new_group(backend="gloo", timeout=timeout)
+        from titan.checkpoint.layout import compute_layout
+
+        # Shared folder, or one storage domain per node with buddy copies (docs/checkpoint.md).
+        self._layout = compute_layout(self, self._ctl)
         self._groups_ready = True
+
+    @property
+    def layout(self) -> Any:
+        """Where this job's checkpoint files live (``titan.checkpoint.layout.Layout``); collective
+        the first time (the storage probe)."""
+        self._setup_groups()
+        return self._layout
+
+    def _dir_leader(self) -> bool:
+        """The rank that manages this node's checkpoint folder: rank 0 on shared storage, each
+        storage domain's lowest rank on node-local storage."""
+        lay = getattr(self, "_layout", None)
+        return lay.is_leader if lay is not None and lay.node_local else self.rank == 0
 
     def _all_max(self, values: list[int]) -> list[int]:
         dist = self._dist()
@@ -145,13 +181,29 @@ class Checkpointer:
     # --- save ---------------------------------------------------------------------------
     def maybe_save(self, step: int, app_state: Mapping[str, Any]) -> bool:
         """Call after optimizer step ``step`` on every rank. Saves every ``every_steps``,
-        snapshots every ``snapshot_every_steps``, and on SIGTERM saves and raises ``Preempted``.
+        snapshots into the per-step tier every ``snapshot_every_steps``, and on SIGTERM saves
+        and raises ``Preempted``.
 
-        Cost per call: one 3-integer all-reduce (world > 1); on a save step the staging copy
-        (async) or the whole write (sync). Returns whether a disk save started.
+        Cost per call: one 3-integer all-reduce (world > 1), one memcpy of the state when a
+        per-step snapshot is due; on a save step the staging copy (async) or the whole write
+        (sync). Returns whether a disk save started.
+        The call is phase ``checkpoint`` on the progress beacon (its own budget: never taken
+        for a hang). After a rollback to step r (``rollback``), calls for other steps than r+1
+        are stale (the loop's step of the discarded state) and do nothing.
         """
+        if self._rolled_back_to is not None:
+            if step != self._rolled_back_to + 1:
+                return False
+            self._rolled_back_to = None
+        from titan.beacon import phase
+
+        with phase("checkpoint"):
+            return self._maybe_save(step, app_state)
+
+    def _maybe_save(self, step: int, app_state: Mapping[str, Any]) -> bool:
         self._setup_groups()
         self.ctx.step = step
+        self._last_state, self._last_step = app_state, step
         every = self.cfg.every_steps
         due = bool(every) and step % every == 0 and step != self.last_saved_step
         running = self._inflight is not None and not self._inflight.future.done()
@@ -163,8 +215,8 @@ class Checkpointer:
         if due_any:
             saved = self.save(step, app_state, blocking=self.cfg.mode == "sync")
         snap_every = self.cfg.snapshot_every_steps
-        if self._snap is not None and snap_every and step % snap_every == 0:
-            self.snapshot(step, app_state)
+        if snap_every and step % snap_every == 0:
+            self.step_snapshot(step, app_state)
         return saved
 
     def save(self, step: int, app_state: Mapping[str, Any], *, blocking: bool = True) -> bool:
@@ -179,7 +231,7 @@ class Checkpointer:
         self._setup_groups()
         t0 = time.monotonic()
         self.wait()  # at most one in flight; every rank calls save at the same step
-        if self.rank == 0:
+        if self._dir_leader():
             shutil.rmtree(_commit.partial_dir(self.root, step), ignore_errors=True)
             self.root.mkdir(parents=True, exist_ok=True)
         self._barrier()  # nobody writes into the partial directory before it is clean
@@ -213,18 +265,26 @@ class Checkpointer:
 
         part = _commit.partial_dir(self.root, step)
         info = {"step": step, "world_size": self.world, "seed": self.seed, "mode": self.cfg.mode}
-        writer = TitanWriter(part, info=info, fsync=self.cfg.fsync)
+        lay = self._layout
+        writer = TitanWriter(part, info=info, fsync=self.cfg.fsync, manifest=not lay.node_local)
+        extra: dict[str, Any] = {}
         try:
             dcp.save(sd, storage_writer=writer, process_group=group, no_dist=self._dist() is None)
             final = None
-            if self.rank == 0:
+            if lay.node_local:  # buddy copies, then a commit agreed over the process group
+                from titan.checkpoint.nodelocal import save_nodelocal
+
+                extra = save_nodelocal(self, lay, step, writer, group)
+                final = extra.pop("path")
+                extra["storage"] = "node-local"
+            elif self.rank == 0:
                 final = _commit.commit(self.root, step, fsync=self.cfg.fsync)
                 removed = _commit.prune(self.root, self.cfg.keep_last, self.cfg.keep_every)
                 if removed:
                     log.info("retention removed %s", ", ".join(p.name for p in removed))
         except (Exception, CheckpointException) as e:  # CheckpointException is a BaseException
             self._failed(step, e, stall)
-            if self.rank == 0:
+            if self._dir_leader():
                 shutil.rmtree(part, ignore_errors=True)  # free the space; older checkpoints untouched
             return False
         nbytes = 0
@@ -239,8 +299,16 @@ class Checkpointer:
             stall = total
         self.ctx.events.emit("ckpt.saved", f"checkpoint step {step} saved ({total:.2f}s, stall {stall:.3f}s)",
                              step=step, data={"step": step, "stall_s": stall, "total_s": total, "bytes": nbytes,
-                                              "mode": "sync" if blocking else "async",
+                                              "mode": "sync" if blocking else "async", **extra,
                                               "path": str(final or self.root / _mf.step_dir_name(step))})
+        slow = self._slow.observe(total)
+        if slow is not None:
+            self.ctx.events.emit("ckpt.slow", f"checkpoint step {step} on {self.ctx.node}:{self.root} took "
+                                 f"{total:.2f}s, {slow['ratio']}x its baseline {slow['baseline_s']:.2f}s "
+                                 f"(4 KiB fsync {slow['fsync_probe_s']}s, was {slow['fsync_baseline_s']}s)",
+                                 level="warning", step=step,
+                                 data={"step": step, "node": self.ctx.node, "rank": self.rank, "path": str(self.root),
+                                       **slow})
         return True
 
     def _failed(self, step: int, exc: BaseException, stall: float) -> None:
@@ -280,23 +348,91 @@ class Checkpointer:
         raise Preempted(f"preempted after step {step}; checkpoint saved")
 
     # --- snapshot -----------------------------------------------------------------------
+    def _snapshot_key(self) -> str:
+        from titan.checkpoint.snapshot import snapshot_key
+
+        try:  # this node's launch time tells a re-created run dir of the same name apart
+            rj = self.ctx.run_dir.read_run_json()
+            started = (rj.get("nodes") or {}).get(self.ctx.node, {}).get("started_at", rj.get("started_at", ""))
+        except TitanError:
+            started = ""
+        return snapshot_key(self.ctx.run_dir.path, self.ctx.run_dir.run_id, started)
+
     def enable_snapshots(self) -> None:
-        """Create the ``/dev/shm`` snapshot store even when ``snapshot_every_steps`` is 0.
+        """Create the verified ``/dev/shm`` tier, written only by :meth:`snapshot`.
 
         For callers that decide themselves when a snapshot is taken (``titan.sdc`` takes one
-        only after replicas agreed, so that every snapshot is verified).
+        only after replicas agreed, so that every snapshot of this tier is verified).
         """
         if self._snap is None:
-            from titan.checkpoint.snapshot import SnapshotStore, snapshot_key
+            from titan.checkpoint.snapshot import SnapshotStore
 
-            try:  # this node's launch time tells a re-created run dir of the same name apart
-                rj = self.ctx.run_dir.read_run_json()
-                started = (rj.get("nodes") or {}).get(self.ctx.node, {}).get("started_at", rj.get("started_at", ""))
-            except TitanError:
-                started = ""
-            key = snapshot_key(self.ctx.run_dir.path, self.ctx.run_dir.run_id, started)
-            self._snap = SnapshotStore(Path(self.cfg.snapshot_dir), key, self.rank, self.world)
+            self._snap = SnapshotStore(Path(self.cfg.snapshot_dir), self._snapshot_key(), self.rank, self.world)
             self._snap.report(self.ctx.events)
+
+    def step_tier(self) -> Any:
+        """The per-step tier (:class:`titan.checkpoint.stepsnap.StepSnapshots`), created on
+        first use; ``None`` when ``snapshot_every_steps`` is 0 or it turned itself off."""
+        if self._steps is None and self.cfg.snapshot_every_steps:
+            from titan.checkpoint.stepsnap import StepSnapshots
+
+            from titan.checkpoint.snapshot import shm_space
+
+            self._steps = StepSnapshots(Path(self.cfg.snapshot_dir), self._snapshot_key(), self.rank, self.world,
+                                        replica=self.replica, max_fraction=self.cfg.snapshot_max_fraction)
+            space = shm_space(self._steps.dir)
+            self.ctx.events.emit("ckpt.snapshot_space", f"per-step snapshots in {self._steps.dir}: "
+                                 f"{space['free_bytes'] / 2**20:.0f} MiB free of {space['total_bytes'] / 2**20:.0f} MiB",
+                                 data={"dir": str(self._steps.dir), "tier": "step", **space})
+        if self._steps is not None and self._steps.off_reason is not None:
+            return None
+        return self._steps
+
+    #: Where the per-step tier copies each finished slot (a buddy node); ``None``: node-local.
+    replica: Any = None
+
+    def step_snapshot(self, step: int, app_state: Mapping[str, Any]) -> None:
+        """Snapshot this rank's state after ``step`` into the per-step tier (local, no collective).
+
+        Cost: one memcpy of the model and optimizer state on the loop's thread; hashing,
+        marker and replication on a background thread (waited for by the next call). A
+        failure (full ``/dev/shm``) is a ``ckpt.snapshot_failed`` event, never a crash.
+        """
+        tier = self.step_tier()
+        if tier is None:
+            return
+        try:
+            st = tier.save(step, app_state)
+        except OSError as e:
+            kind, info = _commit.classify_failure(e, tier.dir)
+            self.ctx.events.emit("ckpt.snapshot_failed", f"per-step snapshot {step} failed: {kind}", level="warning",
+                                 step=step, data={"step": step, "kind": kind, "tier": "step", **info})
+            return
+        if st is None:
+            self.ctx.events.emit("ckpt.snapshot_off", f"per-step snapshots off: {tier.off_reason}; a restart "
+                                 "resumes from the disk checkpoint", level="warning", step=step,
+                                 data={"tier": "step", "reason": tier.off_reason, "dir": str(tier.dir)})
+            return
+        self._steps_saves += 1
+        self._steps_stats.append(st)
+        if self._steps_saves in (1, 10) or self._steps_saves % 100 == 0:
+            self._report_step_snapshots(step)
+
+    def _report_step_snapshots(self, step: int) -> None:
+        import statistics
+
+        from titan.checkpoint.stepsnap import SnapshotStats
+
+        sts: list[SnapshotStats] = self._steps_stats
+        if not sts:
+            return
+        med = {f: statistics.median(getattr(s, f) for s in sts) for f in
+               ("wait_s", "copy_s", "small_s", "hash_s", "replicate_s")}
+        self.ctx.events.emit("ckpt.step_snapshots", f"per-step snapshots: {len(sts)} since the last report, "
+                             f"{sts[-1].bytes / 2**20:.1f} MiB, stall {1e3 * (med['wait_s'] + med['copy_s'] + med['small_s']):.2f} ms",
+                             step=step, data={"saves": self._steps_saves, "bytes": sts[-1].bytes, "dir": str(self._steps.dir),
+                                              "median": med, "replicated": self.replica is not None})
+        self._steps_stats = []
 
     def snapshot(self, step: int, app_state: Mapping[str, Any]) -> None:
         """Write an in-memory (``/dev/shm``) snapshot of this rank's state after ``step``.
@@ -306,7 +442,7 @@ class Checkpointer:
         from titan.checkpoint.state import collect
 
         if self._snap is None:
-            raise TitanError("snapshots are off; set checkpoint.snapshot_every_steps")
+            raise TitanError("the verified snapshot tier is off; call enable_snapshots() first")
         t0 = time.monotonic()
         try:
             nbytes = self._snap.save(step, collect(app_state, self.rank))
@@ -319,10 +455,14 @@ class Checkpointer:
                              data={"step": step, "seconds": time.monotonic() - t0, "bytes": nbytes})
 
     def discard_snapshots(self) -> None:
-        """Delete this rank's ``/dev/shm`` snapshots (local). Call after training finished
-        for good: snapshots are RAM and outlive the process by design."""
-        if self._snap is not None:
-            self._snap.remove()
+        """Delete this rank's ``/dev/shm`` snapshots of both tiers (local). Call after training
+        finished for good: snapshots are RAM and outlive the process by design."""
+        from titan.checkpoint.snapshot import SnapshotStore
+
+        if self._steps is not None:
+            self._steps.close()
+        # The verified tier's folder holds the per-step tier's (``rank<r>/step``): one removal.
+        (self._snap or SnapshotStore(Path(self.cfg.snapshot_dir), self._snapshot_key(), self.rank, self.world)).remove()
 
     def rollback(self, app_state: Mapping[str, Any]) -> int:
         """Roll every rank back to the newest snapshot step they all hold (collective).
@@ -333,11 +473,28 @@ class Checkpointer:
         from titan.checkpoint import restore as _restore
 
         self._setup_groups()
-        step = _restore.agreed_snapshot_step(self)
+        # With SDC on (the verified tier exists) a rollback never uses the per-step tier: a
+        # per-step snapshot may hold state that no SDC round has checked.
+        tier = "verified" if self._snap is not None else "step"
+        step = _restore.agreed_snapshot_step(self, tier)
         if step <= 0:
             raise CheckpointLoadError("no snapshot common to all ranks to roll back to")
-        _restore.load_snapshot(self, step, app_state, source="rollback")
+        _restore.load_snapshot(self, step, app_state, source="rollback", tier=tier)
+        self._rolled_back_to = step
         return step
+
+    def _write_final_digest(self) -> None:
+        from titan.settings.env import TITAN_FINAL_STATE
+
+        path = os.environ.get(TITAN_FINAL_STATE)
+        if not path or self._last_state is None:
+            return
+        from titan.checkpoint.digest import state_digest, write_digest
+
+        try:
+            write_digest(path, self.rank, self._last_step, state_digest(self._last_state, self.rank))
+        except (OSError, RuntimeError, ValueError) as e:  # evidence for a drill; never fails training
+            log.warning("final state digest not written: %s", e)
 
     # --- restore ------------------------------------------------------------------------
     def restore(self, app_state: Mapping[str, Any], *, seed: int | None = None) -> int:
@@ -348,19 +505,34 @@ class Checkpointer:
         used. Raises ``CheckpointLoadError`` only if a load failed after partly
         overwriting the live state and no other checkpoint loaded.
         """
+        from titan.beacon import phase
         from titan.checkpoint import restore as _restore
 
-        self._setup_groups()
-        if seed is not None:
-            self.seed = seed
-        step = _restore.restore(self, app_state)
+        with phase("restore"):
+            self._setup_groups()
+            if seed is not None:
+                self.seed = seed
+            step = _restore.restore(self, app_state)
         self.last_saved_step = step or None
+        self._last_state, self._last_step = app_state, step
+        self.ctx.resumed_from = step  # the guard warms DDP up after a restore (titan.guard.progress)
         return step
 
     def close(self) -> None:
-        """Wait for the save in flight, stop the background thread, put SIGTERM back."""
+        """The end of training: wait for the save in flight, stop the background threads, put
+        SIGTERM back, mark the progress beacon done (the teardown after it is no hang); under
+        a drill (``TITAN_FINAL_STATE``) write the final state's digest (``titan.checkpoint.digest``)."""
+        from titan import beacon
+
         try:
-            self.wait()
+            with beacon.phase("checkpoint"):
+                self.wait()
+            if self._steps is not None:
+                self._steps.close()
+                if self._steps_stats:
+                    self._report_step_snapshots(self._steps_stats[-1].step)
+            beacon.done()
+            self._write_final_digest()
         finally:
             if self._pool is not None:
                 self._pool.shutdown(wait=True)

@@ -19,9 +19,15 @@ from pathlib import Path
 from titan.checkpoint import inject
 from titan.checkpoint.manifest import LATEST, MANIFEST, fsync_dir, list_committed, step_dir_name
 
-__all__ = ["partial_dir", "commit", "write_latest", "prune", "quarantine", "clean_partials", "classify_failure"]
+__all__ = ["ReplicationFailed", "partial_dir", "commit", "write_latest", "prune", "remove_committed", "quarantine", "clean_partials",
+           "classify_failure", "DELETING_PREFIX"]
 
 log = logging.getLogger(__name__)
+
+
+class ReplicationFailed(RuntimeError):
+    """A node-local save could not be made safe: a buddy copy (or a node's local commit)
+    was not acknowledged on every rank (``titan.checkpoint.nodelocal``)."""
 
 
 def partial_dir(root: Path, step: int) -> Path:
@@ -56,7 +62,7 @@ def commit(root: Path, step: int, *, fsync: bool = True) -> Path:
         raise RuntimeError(f"{src.name} has no manifest; refusing to commit it")
     dst = root / step_dir_name(step)
     if dst.exists():  # an earlier save of the same step (e.g. a replayed step); keep one
-        shutil.rmtree(dst)
+        remove_committed(dst, fsync=fsync)
     inject.point("rename")
     os.rename(src, dst)
     if fsync:
@@ -78,32 +84,53 @@ def prune(root: Path, keep_last: int, keep_every: int) -> list[Path]:
     for step, p in committed:
         if p in keep or p.name == latest or (keep_every and step % keep_every == 0):
             continue
-        shutil.rmtree(p, ignore_errors=True)
+        remove_committed(p)
         removed.append(p)
     return removed
 
 
-def quarantine(path: Path) -> Path:
-    """Move a bad checkpoint aside (``<name>.corrupt-<unix time>``) so it is never tried again."""
-    dst = path.with_name(f"{path.name}.corrupt-{int(time.time())}")
+#: Prefix of a checkpoint being deleted: out of the committed namespace (``step-N``) first.
+DELETING_PREFIX = ".deleting-"
+
+
+def remove_committed(path: Path, *, fsync: bool = True) -> None:
+    """Delete a committed checkpoint so that a kill at any point leaves nothing that looks
+    committed with a file missing: rename it out of the ``step-N`` namespace (one atomic
+    ``rename``, fsynced), then delete the renamed tree. A leftover ``.deleting-*`` is
+    removed by :func:`clean_partials` at the next restore. Raises ``OSError`` from the rename.
+    """
+    doomed = path.with_name(f"{DELETING_PREFIX}{path.name}.{os.getpid()}.{time.monotonic_ns()}")
+    inject.point("delete")
+    os.rename(path, doomed)
+    if fsync:
+        fsync_dir(path.parent)
+    inject.point("delete_renamed")
+    shutil.rmtree(doomed, ignore_errors=True)
+
+
+def quarantine(path: Path, *, prefix: str = "") -> Path:
+    """Move a bad checkpoint aside (``<prefix><name>.corrupt-<unix time>``) so it is never tried
+    again (a ``prefix`` keeps it out of a framework's own ``checkpoint-*`` listing)."""
+    dst = path.with_name(f"{prefix}{path.name}.corrupt-{int(time.time())}")
     n = 0
     while dst.exists():
         n += 1
-        dst = path.with_name(f"{path.name}.corrupt-{int(time.time())}-{n}")
+        dst = path.with_name(f"{prefix}{path.name}.corrupt-{int(time.time())}-{n}")
     os.rename(path, dst)
     fsync_dir(path.parent)
     return dst
 
 
 def clean_partials(root: Path) -> list[Path]:
-    """Remove ``*.partial`` directories (saves that never committed). Call with no save running."""
+    """Remove ``*.partial`` directories (saves that never committed) and ``.deleting-*`` ones
+    (deletions a kill interrupted). Call with no save running."""
     removed = []
     try:
         entries = list(root.iterdir())
     except FileNotFoundError:
         return []
     for p in entries:
-        if p.name.endswith(".partial") and p.is_dir():
+        if (p.name.endswith(".partial") or p.name.startswith(DELETING_PREFIX)) and p.is_dir():
             shutil.rmtree(p, ignore_errors=True)
             removed.append(p)
     return removed
@@ -116,6 +143,8 @@ def classify_failure(exc: BaseException, root: Path, need_bytes: int = 0) -> tup
     ``RuntimeError: [enforce fail at inline_container.cc] unexpected pos``, so the free
     space is read with ``statvfs`` instead of trusting the message.
     """
+    if isinstance(exc, ReplicationFailed):
+        return "replication", {"error": str(exc)[:500]}
     inner = exc
     failures = getattr(exc, "failures", None)  # CheckpointException: {rank: exception}
     if isinstance(failures, dict) and failures:

@@ -2,7 +2,8 @@
 
 Points, in protocol order: ``shard_write``, ``shard_written``, ``metadata_written``,
 ``manifest_write``, ``manifest_written``, ``rename``, ``renamed``, ``latest``,
-``latest_written``. ``TITAN_CKPT_CRASH_AT=<point>[@<rank>][#<attempt>]`` makes the process
+``latest_written``; and of a retention deletion: ``delete``, ``delete_renamed``.
+``TITAN_CKPT_CRASH_AT=<point>[@<rank>][#<attempt>]`` makes the process
 SIGKILL itself when it reaches that point (only on that rank / torchrun restart count
 when given). Tests can
 also install a Python hook with ``set_hook``. Cost when unset: one dict lookup.
@@ -16,10 +17,12 @@ from typing import Callable
 
 from titan.settings.env import TITAN_CKPT_CRASH_AT
 
-__all__ = ["POINTS", "point", "set_hook"]
+__all__ = ["POINTS", "DELETE_POINTS", "point", "set_hook"]
 
 POINTS = ("shard_write", "shard_written", "metadata_written", "manifest_write", "manifest_written",
           "rename", "renamed", "latest", "latest_written")
+#: Points of deleting a committed checkpoint (retention, a replaced step).
+DELETE_POINTS = ("delete", "delete_renamed")
 
 _hook: Callable[[str], None] | None = None
 

@@ -37,6 +37,15 @@ class Stager:
         return out
 
     def _copy(self, obj: Any, path: str, seen: set[str]) -> Any:
+        if hasattr(obj, "to_local") and hasattr(obj, "device_mesh"):
+            # A DTensor (FSDP2): stage this rank's shard and wrap it again, so DCP still sees
+            # the global shape and placement (copying into a plain tensor raises "mixed
+            # torch.Tensor and DTensor").
+            from torch.distributed.tensor import DTensor
+
+            local = self._copy(obj.to_local(), path, seen)
+            return DTensor.from_local(local, obj.device_mesh, obj.placements, run_check=False,
+                                      shape=obj.shape, stride=obj.stride())
         if isinstance(obj, torch.Tensor):
             seen.add(path)
             buf = self._buffers.get(path)

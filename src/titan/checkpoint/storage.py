@@ -29,13 +29,28 @@ from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.filesystem import FileSystem
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.planner import ReadItem
-from torch.distributed.checkpoint._traverse import set_element
+
+from titan.private_api import PrivateName, register, require
+
+#: torch internals the safe restore rests on (titan.private_api: a torch that moved them is
+#: refused with one line naming the version, not an ImportError traceback).
+PRIVATE_NAMES = register("checkpoint restore", [
+    PrivateName("torch.distributed.checkpoint._traverse", "set_element",
+                "SafeLoadPlanner puts each loaded value into the nested state dict as DCP's own planner does"),
+])
+try:
+    from torch.distributed.checkpoint._traverse import set_element
+except ImportError:  # pragma: no cover - only on a torch that moved it
+    require(PRIVATE_NAMES, feature="checkpoint restore")
+    raise
 
 from titan.checkpoint import inject
 from titan.checkpoint.manifest import SUMS_PREFIX, build_manifest, write_manifest
 from titan.errors import TitanError
+from titan.security.paths import PathEscape, check_regular, confined, open_regular
 
-__all__ = ["TitanWriter", "SafeReader", "SafeLoadPlanner", "UnsafeCheckpointError", "safe_unpickle_metadata"]
+__all__ = ["TitanWriter", "SafeReader", "SafeLoadPlanner", "UnsafeCheckpointError", "safe_unpickle_metadata",
+           "load_metadata_file"]
 
 
 class UnsafeCheckpointError(TitanError):
@@ -113,12 +128,15 @@ class TitanWriter(FileSystemWriter):
     """
 
     def __init__(self, path: str | os.PathLike, *, info: dict[str, Any], fsync: bool = True,
-                 thread_count: int = 1) -> None:
+                 thread_count: int = 1, manifest: bool = True) -> None:
         super().__init__(path, single_file_per_rank=True, sync_files=fsync, thread_count=thread_count,
                          overwrite=True)
         self.fs = _HashingFileSystem()
         self.info = dict(info)
         self.fsync = fsync
+        #: False (node-local storage): ``finish`` writes ``.metadata`` only; the manifest is
+        #: agreed over the process group afterwards (``titan.checkpoint.nodelocal``).
+        self.manifest = manifest
 
     def write_data(self, plan: Any, planner: Any) -> Any:
         inject.point("shard_write", rank=self.rank)
@@ -134,6 +152,8 @@ class TitanWriter(FileSystemWriter):
     def finish(self, metadata: Metadata, results: Any) -> None:
         super().finish(metadata, results)  # .metadata.tmp → fsync → rename
         inject.point("metadata_written", rank=self.rank)
+        if not self.manifest:
+            return
         meta_sum = self.fs.sums.get(".metadata.tmp")
         manifest = build_manifest(Path(self.path), self.info, metadata_sum=meta_sum)
         write_manifest(Path(self.path), manifest, fsync=self.fsync)
@@ -181,17 +201,47 @@ def safe_unpickle_metadata(data: bytes) -> Metadata:
     return obj
 
 
+def load_metadata_file(ckpt: str | os.PathLike) -> Metadata:
+    """A checkpoint's ``.metadata`` read safely and checked: every data file it names is a
+    regular file inside ``ckpt``. Raises ``UnsafeCheckpointError`` or ``OSError``."""
+    try:
+        fd = open_regular(Path(ckpt) / ".metadata", what="checkpoint metadata")
+    except PathEscape as e:
+        raise UnsafeCheckpointError(str(e)) from None
+    with open(fd, "rb") as f:
+        metadata = safe_unpickle_metadata(f.read())
+    _confine_storage(Path(ckpt), metadata)
+    return metadata
+
+
 class SafeReader(FileSystemReader):
     """``FileSystemReader`` whose ``read_metadata`` executes nothing from the file."""
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
         path = self._get_metadata_path(kwargs.get("rank"))
-        with open(path, "rb") as f:
+        try:
+            fd = open_regular(path, what="checkpoint metadata")
+        except PathEscape as e:
+            raise UnsafeCheckpointError(str(e)) from None
+        with open(fd, "rb") as f:
             metadata = safe_unpickle_metadata(f.read())
+        _confine_storage(Path(self.path), metadata)
         if getattr(metadata, "storage_meta", None) is None:
             metadata.storage_meta = StorageMeta()
         metadata.storage_meta.load_id = self.load_id
         return metadata
+
+
+def _confine_storage(root: Path, metadata: Metadata) -> None:
+    """Every data file ``.metadata`` names must be a regular file inside the checkpoint."""
+    for info in (getattr(metadata, "storage_data", None) or {}).values():
+        rel = getattr(info, "relative_path", None)
+        try:
+            check_regular(confined(root, rel, what="checkpoint data file"), what="checkpoint data file")
+        except FileNotFoundError:
+            continue  # DCP reports the missing file itself when it is needed
+        except (PathEscape, OSError) as e:
+            raise UnsafeCheckpointError(f"checkpoint metadata names {rel!r}: {e}; refused") from None
 
 
 class SafeLoadPlanner(DefaultLoadPlanner):

@@ -12,10 +12,14 @@ from typing import Any
 
 from rich.table import Table
 
-from titan.cli._common import print_json
-from titan.cli.environment import Environment
+from titan.cli._common import print_json, whole
+from titan.cli.environment import Environment, styled
 from titan.errors import UserError
 from titan.exitcodes import ExitCode
+
+
+#: What this verb can exit with (its --help lists them).
+EXIT_CODES = (ExitCode.SUCCEEDED, ExitCode.JOB_FAILED, ExitCode.USER_ERROR)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -23,7 +27,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                        description="List, verify (manifest + checksums) and inspect a run's checkpoints.")
     p.add_argument("action", choices=["ls", "verify", "inspect"])
     p.add_argument("run_dir", metavar="RUN_DIR", help="run directory or checkpoint root")
-    p.add_argument("--step", type=int, help="only this step (verify, inspect; default: all / latest)")
+    p.add_argument("--step", type=whole(0, 10**12, "a step"), help="only this step (verify, inspect; default: all / latest)")
     p.add_argument("--quick", action="store_true", help="verify sizes only, no checksums")
     p.add_argument("--json", action="store_true", help="machine-readable output on stdout")
     return p
@@ -47,15 +51,27 @@ def _entries(root: Path) -> list[dict[str, Any]]:
         row: dict[str, Any] = {"name": d.name, "step": parse_step(base), "state": state, "latest": d.name == latest}
         try:
             m = read_manifest(d)
-            row.update(world_size=m["world_size"], bytes=m.get("bytes"), created=m.get("created"),
-                       torch=m.get("torch"), files=len(m["files"]))
+            row.update(world_size=m.get("world_size"), bytes=_num(m.get("bytes")), created=_text(m.get("created")),
+                       torch=_text(m.get("torch")), files=len(m["files"]))
         except ValueError as e:
             row["problem"] = str(e)
         out.append(row)
     return out
 
 
+def _num(x: Any) -> float | None:
+    return x if isinstance(x, (int, float)) and not isinstance(x, bool) else None
+
+
+def _text(x: Any) -> str | None:
+    return x if isinstance(x, str) else None
+
+
 def run(args: argparse.Namespace, env: Environment) -> ExitCode:
+    if args.action == "ls" and args.step is not None:
+        raise UserError("`titan ckpt ls` lists every checkpoint; --step does not apply", "drop --step, or use verify/inspect")
+    if args.quick and args.action != "verify":
+        raise UserError(f"--quick only applies to verify, not {args.action}", "drop --quick")
     root = _root(env, args.run_dir)
     if args.action == "ls":
         return _ls(root, args, env)
@@ -76,7 +92,8 @@ def _ls(root: Path, args: argparse.Namespace, env: Environment) -> ExitCode:
         style = {"partial": "yellow", "corrupt": "red"}.get(r["state"])
         mb = f"{r['bytes'] / 1e6:.1f}" if r.get("bytes") else ""
         t.add_row(r["name"], str(r["step"]), r["state"], str(r.get("world_size", "")), mb,
-                  (r.get("created") or "")[:19], "← latest" if r["latest"] else r.get("problem", ""), style=style)
+                  (r.get("created") or "")[:19],
+                  "; ".join(x for x in ("← latest" if r["latest"] else "", r.get("problem", "")) if x), style=style)
     env.console.print(t)
     env.console.print(f"{len(rows)} checkpoint directories in {root}")
     return ExitCode.SUCCEEDED
@@ -88,21 +105,29 @@ def _verify(root: Path, args: argparse.Namespace, env: Environment) -> ExitCode:
     targets = [root / step_dir_name(args.step)] if args.step is not None else [p for _, p in list_committed(root)]
     if not targets:
         raise UserError(f"no committed checkpoints in {root}", "check the path; `titan ckpt ls` lists what is there")
+    if not targets[0].is_dir():
+        raise UserError(f"no checkpoint {targets[0].name} in {root}", "`titan ckpt ls RUN_DIR` lists the steps there")
     results = [verify(p, checksums=not args.quick) for p in targets]
     if args.json:
         print_json(env, [{"name": r.path.name, "ok": r.ok, "problems": r.problems, "seconds": r.seconds,
                           "bytes_read": r.bytes_read} for r in results])
     else:
         for r in results:
-            mark = "[green]ok[/]" if r.ok else "[red]BAD[/]"
+            mark = ("ok", "green") if r.ok else ("BAD", "red")
             rate = f" ({r.bytes_read / max(r.seconds, 1e-9) / 1e6:.0f} MB/s)" if r.bytes_read else ""
-            env.console.print(f"{mark}  {r.path.name}  {r.seconds:.3f}s{rate}  {'' if r.ok else r.reason}")
-    return ExitCode.SUCCEEDED if all(r.ok for r in results) else ExitCode.JOB_FAILED
+            env.console.print(styled(mark, f"  {r.path.name}  {r.seconds:.3f}s{rate}  {'' if r.ok else r.reason}"))
+    bad = [r for r in results if not r.ok]
+    if bad:
+        env.stderr.write(f"titan: error: {len(bad)} of {len(results)} checkpoint(s) failed verification "
+                         f"(first: {bad[0].path.name})\nhint: a restart skips a damaged checkpoint and loads the "
+                         "newest good one; delete or move the damaged ones to reclaim space\n")
+        env.stderr.flush()
+    return ExitCode.JOB_FAILED if bad else ExitCode.SUCCEEDED
 
 
 def _inspect(root: Path, args: argparse.Namespace, env: Environment) -> ExitCode:
     from titan.checkpoint.manifest import read_latest, read_manifest, step_dir_name
-    from titan.checkpoint.storage import UnsafeCheckpointError, safe_unpickle_metadata
+    from titan.checkpoint.storage import UnsafeCheckpointError, load_metadata_file
 
     name = step_dir_name(args.step) if args.step is not None else read_latest(root)
     if not name or not (root / name).is_dir():
@@ -113,9 +138,12 @@ def _inspect(root: Path, args: argparse.Namespace, env: Environment) -> ExitCode
     except ValueError as e:
         raise UserError(f"{name}: {e}", "run `titan ckpt verify` to see what is wrong") from None
     try:
-        md = safe_unpickle_metadata((d / ".metadata").read_bytes())
+        md = load_metadata_file(d)
     except (OSError, UnsafeCheckpointError) as e:
         raise UserError(f"{name}: cannot read .metadata: {e}", "the checkpoint is damaged or was tampered with") from None
+    except Exception as e:  # noqa: BLE001 - a truncated or garbage pickle raises anything
+        raise UserError(f"{name}: .metadata is damaged ({type(e).__name__}: {e})",
+                        "run `titan ckpt verify` to see what is wrong") from None
     items = []
     for fqn, m in sorted(md.state_dict_metadata.items()):
         size = getattr(m, "size", None)
@@ -126,8 +154,10 @@ def _inspect(root: Path, args: argparse.Namespace, env: Environment) -> ExitCode
     if args.json:
         print_json(env, {"name": name, "manifest": manifest, "items": items})
         return ExitCode.SUCCEEDED
-    env.console.print(f"[bold]{name}[/]  step {manifest['step']}  world {manifest['world_size']}  "
-                      f"{manifest['bytes'] / 1e6:.1f} MB  torch {manifest['torch']}  titan {manifest['titan']}")
+    mb = _num(manifest.get("bytes"))
+    env.console.print(styled((str(name), "bold"), f"  step {manifest['step']}  world {manifest.get('world_size', '?')}  "
+                      f"{'?' if mb is None else f'{mb / 1e6:.1f}'} MB  torch {manifest.get('torch', '?')}  "
+                      f"titan {manifest.get('titan', '?')}"))
     t = Table(box=None, header_style="bold")
     for c in ("key", "kind", "shape", "dtype"):
         t.add_column(c, overflow="fold")

@@ -9,6 +9,10 @@ from titan.cli.environment import Environment
 from titan.exitcodes import ExitCode
 
 
+#: What this verb can exit with (its --help lists them).
+EXIT_CODES = (ExitCode.SUCCEEDED, ExitCode.USER_ERROR)
+
+
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p = sub.add_parser(
         "gather", help="merge per-node run directories into one",
@@ -20,7 +24,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--fetch-command", metavar="TEMPLATE",
                    help="shell command with {host}, {path}, {dest}, e.g. \"rsync -a {host}:{path}/ {dest}/\"")
     p.add_argument("--force", action="store_true", help="merge parts of different run ids")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="machine-readable summary on stdout")
     return p
 
 
@@ -34,5 +38,5 @@ def run(args: argparse.Namespace, env: Environment) -> ExitCode:
     else:
         env.console.print(f"gathered {res.files} files from {len(res.sources)} sources into {res.out}")
         for c in res.conflicts:
-            env.err_console.print(f"[yellow]kept both versions of {c}[/]")
+            env.err_console.print(f"kept both versions of {c}", style="yellow")
     return ExitCode.SUCCEEDED

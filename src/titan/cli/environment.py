@@ -2,6 +2,11 @@
 
 Tests build an ``Environment`` with string buffers and a temporary cwd and call
 ``titan.cli.main.run(argv, env)`` in-process.
+
+Nothing printed through these consoles is parsed as rich markup or emoji codes: log lines,
+event messages, node ids and paths carry brackets (gloo's ``[/__w/…/pair.cc:537]``) that
+rich would otherwise read as tags. The CLI's own colours are styles on ``rich.text.Text``
+(:func:`styled`), never ``[red]…[/]`` inside a string.
 """
 
 from __future__ import annotations
@@ -14,8 +19,16 @@ from pathlib import Path
 from typing import IO, Mapping
 
 from rich.console import Console
+from rich.text import Text
 
-__all__ = ["Environment"]
+__all__ = ["Environment", "styled"]
+
+
+def styled(*parts: str | tuple[str, str]) -> Text:
+    """A line of plain text with styled pieces: ``styled(("problem:", "red"), " ", msg)``.
+
+    Every piece is literal text (no markup), so data may contain any characters."""
+    return Text.assemble(*parts)
 
 
 @dataclasses.dataclass
@@ -41,18 +54,25 @@ class Environment:
     @property
     def console(self) -> Console:
         """A rich console on stdout (colour only on a real terminal)."""
-        return Console(file=self.stdout, soft_wrap=True, highlight=False,
-                       force_terminal=None if self.stdout is sys.stdout else False, width=self._width(self.stdout))
+        return self._console(self.stdout, sys.stdout)
 
     @property
     def err_console(self) -> Console:
-        return Console(file=self.stderr, soft_wrap=True, highlight=False,
-                       force_terminal=None if self.stderr is sys.stderr else False, width=self._width(self.stderr))
+        """A rich console on stderr (progress bars, notes)."""
+        return self._console(self.stderr, sys.stderr)
 
-    @staticmethod
-    def _width(stream: IO[str]) -> int | None:
-        # A terminal sets its own width; a pipe or log file gets room for the tables
-        # (rich's default of 80 columns folds them into unreadable towers).
+    def _console(self, stream: IO[str], real: IO[str]) -> Console:
+        # markup/emoji off: printed data is never interpreted (see the module doc).
+        return Console(file=stream, soft_wrap=True, highlight=False, markup=False, emoji=False,
+                       force_terminal=None if stream is real else False, width=self._width(stream))
+
+    def _width(self, stream: IO[str]) -> int | None:
+        # COLUMNS wins (as for rich and argparse); else a terminal sets its own width and a
+        # pipe or log file gets room for the tables (rich's default of 80 columns folds
+        # them into unreadable towers).
+        cols = self.env.get("COLUMNS", "")
+        if cols.isdigit() and 20 <= int(cols) <= 1000:
+            return int(cols)
         try:
             return None if stream.isatty() else 150
         except (AttributeError, ValueError):

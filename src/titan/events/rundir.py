@@ -13,8 +13,10 @@ Every file that others read whole is written atomically (temp name, fsync, repla
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import json
+import logging
 import os
 import re
 import secrets
@@ -23,6 +25,9 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from titan.errors import UserError
+from titan.inputs import check_id
+from titan.events import strict
+from titan.security.paths import PathEscape, check_regular, confined, open_regular
 
 __all__ = [
     "RunDir", "new_run_id", "default_node_id", "atomic_write_text", "atomic_write_json",
@@ -32,7 +37,7 @@ __all__ = [
 EVENT_FILE_RE = re.compile(
     r"^(?P<node>.+)\.rank(?P<rank>\d+)\.attempt(?P<attempt>\d+)\.pid(?P<pid>\d+)\.jsonl$"
 )
-_SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+log = logging.getLogger(__name__)
 
 
 def new_run_id() -> str:
@@ -46,25 +51,26 @@ def default_node_id() -> str:
     return re.sub(r"[^A-Za-z0-9._-]", "_", socket.gethostname()) or "node"
 
 
-def check_id(value: str, what: str) -> str:
-    """Validate a run or node id (used in file names)."""
-    if not _SAFE_ID.match(value):
-        raise UserError(
-            f"invalid {what} {value!r}",
-            "use letters, digits, '.', '_' or '-' (at most 128 characters), starting with a letter or digit",
-        )
-    return value
-
-
 def atomic_write_text(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` via a temporary file, fsync, and ``os.replace``."""
+    """Write ``text`` to ``path`` via a temporary file, fsync, and ``os.replace``.
+
+    Raises ``OSError`` (ENOSPC on a full disk) with ``path`` untouched and no temporary
+    file left behind; a short write is never mistaken for a complete one.
+    """
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
-        os.write(fd, text.encode())
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+        try:
+            view = memoryview(text.encode())
+            while view:  # a short write (full disk) is followed by the real error
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
     os.replace(tmp, path)
     try:
         dfd = os.open(path.parent, os.O_RDONLY)
@@ -77,7 +83,7 @@ def atomic_write_text(path: Path, text: str) -> None:
 
 
 def atomic_write_json(path: Path, obj: Any) -> None:
-    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
+    atomic_write_text(path, strict.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
 
 
 class RunDir:
@@ -125,7 +131,9 @@ class RunDir:
         files = sorted(self.events_dir.glob("*.jsonl")) if self.events_dir.is_dir() else []
         files += sorted(self.path.glob("launcher.*.jsonl"))
         files += sorted(self.path.glob("agent.*.jsonl"))
-        return files
+        # Only regular files inside the run directory: a symlink to /dev/zero or out of the
+        # folder is damage (logged), never read.
+        return [f for f in files if _regular_inside(f, self.path)]
 
     @classmethod
     def create(cls, root: str | os.PathLike[str], run_id: str | None = None) -> "RunDir":
@@ -158,9 +166,12 @@ class RunDir:
     def read_run_json(self) -> dict[str, Any]:
         """``run.json`` as a dict ({} when absent); ``UserError`` when garbled."""
         try:
-            text = self.run_json.read_text()
+            with open(open_regular(self.run_json, what="run.json"), "rb") as f:
+                text = f.read(64 << 20).decode("utf-8", "replace")
         except FileNotFoundError:
             return {}
+        except PathEscape as e:
+            raise UserError(str(e), "the run directory is damaged; the event files are still readable") from None
         try:
             obj = json.loads(text)
         except json.JSONDecodeError as e:
@@ -176,3 +187,12 @@ class RunDir:
         obj.update(updates)
         atomic_write_json(self.run_json, obj)
         return obj
+
+
+def _regular_inside(path: Path, root: Path) -> bool:
+    try:
+        check_regular(confined(root, str(path.relative_to(root)), what="run directory file"))
+        return True
+    except (PathEscape, OSError, ValueError) as e:
+        log.warning("skipping %s: %s", path, e)
+        return False

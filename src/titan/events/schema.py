@@ -2,19 +2,28 @@
 
 Field names are short because the files are large at scale; ``docs/events.md`` is the
 reference. A reader refuses lines whose ``v`` is newer than ``SCHEMA_VERSION``.
+
+Version 2 (strict JSON): a non-finite number is written as the string ``"nan"``,
+``"inf"`` or ``"-inf"`` (``titan.events.strict``), never as a ``NaN`` token. Version 1
+lines (which could hold ``NaN``) are still read; their data is normalised the same way.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import datetime as _dt
-import json
 from typing import Any, Mapping
 
-__all__ = ["SCHEMA_VERSION", "LEVELS", "Event", "SchemaError", "utc_iso"]
+from titan.events import strict
 
-SCHEMA_VERSION = 1
+__all__ = ["INJECTED", "SCHEMA_VERSION", "LEVELS", "Event", "SchemaError", "utc_iso"]
+
+SCHEMA_VERSION = 2
 LEVELS = ("debug", "info", "warning", "error", "critical")
+
+
+#: The data field that marks a fault injected on purpose (every ``inject.*`` event carries it).
+INJECTED = "injected"
 
 
 class SchemaError(ValueError):
@@ -51,6 +60,13 @@ class Event:
     source: str | None = dataclasses.field(default=None, compare=False)
     line: int | None = dataclasses.field(default=None, compare=False)
 
+    @property
+    def injected(self) -> bool:
+        """A fault put in on purpose (a drill, a test): an ``inject.*`` event, or one whose
+        data says ``injected: true`` (e.g. the ``worker.fault`` of an injected exception).
+        Triage, the node ledger and the report never count these as real faults."""
+        return self.kind.startswith("inject.") or self.data.get(INJECTED) is True
+
     def to_json(self) -> str:
         """Serialise as one line (no newline) with the timestamp in ISO form."""
         obj: dict[str, Any] = {"v": self.v, "ts": utc_iso(self.t)}
@@ -61,7 +77,7 @@ class Event:
             if val is None or (f.name == "data" and not val) or (f.name == "msg" and not val):
                 continue
             obj[f.name] = val
-        return json.dumps(obj, separators=(",", ":"), default=_json_default, allow_nan=True)
+        return strict.dumps(obj, separators=(",", ":"), default=_json_default)
 
     @classmethod
     def from_obj(cls, obj: Mapping[str, Any], *, source: str | None = None, line: int | None = None) -> "Event":
@@ -88,6 +104,8 @@ class Event:
         data = obj.get("data") or {}
         if not isinstance(data, Mapping):
             raise SchemaError("'data' must be an object")
+        if v < 2:  # migration: version 1 could write NaN/Infinity; give readers one form
+            data = strict.finite(dict(data))
         return cls(
             kind=kind, t=t, mono=float(obj.get("mono", 0.0)), run=run, node=node,
             rank=_opt_int(obj.get("rank")), local_rank=_opt_int(obj.get("local_rank")),
@@ -99,7 +117,7 @@ class Event:
 
     def to_dict(self) -> dict[str, Any]:
         """A plain dict as stored, plus ``source``/``line`` when known (for ``--json``)."""
-        d = json.loads(self.to_json())
+        d = strict.loads_strict(self.to_json())
         if self.source is not None:
             d["source"] = self.source
             d["line"] = self.line

@@ -54,7 +54,7 @@ class EventWriter:
             raise ValueError("step_every must be >= 1")
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        self._fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)  # read: cut a partial line
         self._base = dict(run=run, node=node, rank=rank, local_rank=local_rank, world=world,
                           attempt=attempt, pid=os.getpid())
         self._seq = 0
@@ -131,15 +131,29 @@ class EventWriter:
     def _write_all(self, line: bytes) -> bool:
         try:
             n = os.write(self._fd, line)
-            if n != len(line):
-                # A short write on a regular file means a full disk; the partial line
-                # is detected and skipped by the reader as a torn line.
-                self.write_errors += 1
-                return False
-            return True
         except OSError:
             self.write_errors += 1
             return False
+        if n != len(line):
+            # A short write on a regular file means a full disk. Cut the partial line off
+            # again, so that the next line (once there is space) does not continue it and
+            # no torn line is left in the middle of the file.
+            self.write_errors += 1
+            self._cut_partial(line[:n])
+            return False
+        return True
+
+    def _cut_partial(self, written: bytes) -> None:
+        """Truncate ``written`` off the end of the file if it is still the last thing there."""
+        if not written:
+            return
+        with self._lock:
+            try:
+                end = os.fstat(self._fd).st_size
+                if end >= len(written) and os.pread(self._fd, len(written), end - len(written)) == written:
+                    os.ftruncate(self._fd, end - len(written))
+            except OSError:
+                pass  # the reader still skips a torn line
 
     def _start_queue(self) -> None:
         with self._lock:

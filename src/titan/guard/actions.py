@@ -32,7 +32,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from titan.guard.decision import Observation, Verdict
 
 __all__ = ["apply", "skip", "describe_culprit", "report_fault", "report_replay", "report_verify", "maybe_escalate",
-           "rollback", "lower_lr", "unguarded_step"]
+           "rollback", "lower_lr", "effective_lr", "unguarded_step"]
 
 log = logging.getLogger(__name__)
 
@@ -165,7 +165,8 @@ def maybe_escalate(g: "StepGuard", s: int, res: "StepResult") -> None:
             _emit(g, "guard.escalate", f"step {s}: {reason} -> learning rate x{g.policy.lr_factor:g} "
                   f"(now x{g.lr_scale:g})", level="error", step=s,
                   data={"step": s, "action": rung, "reason": reason, "level": g.escalator.level,
-                        "lr_scale": g.lr_scale, "lr": [_j(float(x["lr"])) for x in g.optimizer.param_groups]})
+                        "lr_scale": g.lr_scale,
+                        "lr": [_j(float(x["lr"]) * g.lr_scale) for x in g.optimizer.param_groups]})
             return
         _emit(g, "guard.escalate", f"step {s}: {reason} -> {rung}", level="error", step=s,
               data={"step": s, "action": rung, "reason": reason, "level": g.escalator.level})
@@ -201,17 +202,40 @@ def rollback(g: "StepGuard", reason: str) -> int | None:
 
 
 def lower_lr(g: "StepGuard") -> None:
-    """Multiply every param group's LR (and the scheduler's base LRs) by ``lr_factor``."""
-    f = g.policy.lr_factor
+    """Lower the learning rate by ``lr_factor`` from now on: ``g.lr_scale`` multiplies every
+    param group's rate at each update (:func:`_optimizer_and_schedule`), whatever set it — a
+    scheduler or the loop by hand — and is saved with the guard's state."""
+    g.lr_scale *= g.policy.lr_factor
+
+
+def effective_lr(g: "StepGuard") -> float | None:
+    """The first param group's learning rate as the next update uses it (× ``lr_scale``)."""
+    try:
+        return float(g.optimizer.param_groups[0]["lr"]) * g.lr_scale
+    except (IndexError, KeyError, TypeError, ValueError):
+        return None
+
+
+def _scaled_lr(g: "StepGuard") -> list[Any]:
+    """Multiply each group's rate by ``lr_scale`` for one update; returns what to put back."""
+    saved: list[Any] = []
     for group in g.optimizer.param_groups:
         lr = group["lr"]
         if isinstance(lr, torch.Tensor):
-            lr.mul_(f)
+            saved.append(lr.clone())
+            lr.mul_(g.lr_scale)
         else:
-            group["lr"] = lr * f
-    if g.scheduler is not None and hasattr(g.scheduler, "base_lrs"):
-        g.scheduler.base_lrs = [b * f for b in g.scheduler.base_lrs]
-    g.lr_scale *= f
+            saved.append(lr)
+            group["lr"] = lr * g.lr_scale
+    return saved
+
+
+def _restore_lr(g: "StepGuard", saved: list[Any]) -> None:
+    for group, lr in zip(g.optimizer.param_groups, saved):
+        if isinstance(group["lr"], torch.Tensor):
+            group["lr"].copy_(lr)
+        else:
+            group["lr"] = lr
 
 
 def unguarded_step(g: "StepGuard", fwd_bwd: Callable[[], Any], s: int) -> "StepResult":
@@ -219,6 +243,7 @@ def unguarded_step(g: "StepGuard", fwd_bwd: Callable[[], Any], s: int) -> "StepR
     from titan.guard.core import StepResult
 
     loss = fwd_bwd()
+    lr = effective_lr(g)
     params = [p for p in g.model.parameters() if p.grad is not None]
     if g.scaler is not None:
         g.scaler.unscale_(g.optimizer)
@@ -229,7 +254,7 @@ def unguarded_step(g: "StepGuard", fwd_bwd: Callable[[], Any], s: int) -> "StepR
     _optimizer_and_schedule(g)
     g.step_count = s
     lf = float(loss) if not isinstance(loss, torch.Tensor) else float(loss.detach().float())
-    return StepResult(step=s, loss=lf, loss_mean=math.nan, grad_norm=float(norm), skipped=False)
+    return StepResult(step=s, loss=lf, loss_mean=lf, grad_norm=float(norm), skipped=False, lr=lr)
 
 
 def _j(x: float) -> float | str:
@@ -238,11 +263,17 @@ def _j(x: float) -> float | str:
 
 
 def _optimizer_and_schedule(g: "StepGuard") -> None:
-    """The update itself: scaler (when any) or optimizer step, then the scheduler."""
-    if g.scaler is not None:
-        g.scaler.step(g.optimizer)
-        g.scaler.update()
-    else:
-        g.optimizer.step()
+    """The update itself: scaler (when any) or optimizer step — at ``lr_scale`` × the rate the
+    loop or its scheduler set, which is put back afterwards — then the scheduler."""
+    saved = _scaled_lr(g) if g.lr_scale != 1.0 else None
+    try:
+        if g.scaler is not None:
+            g.scaler.step(g.optimizer)
+            g.scaler.update()
+        else:
+            g.optimizer.step()
+    finally:
+        if saved is not None:
+            _restore_lr(g, saved)
     if g.scheduler is not None:
         g.scheduler.step()

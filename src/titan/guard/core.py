@@ -1,19 +1,23 @@
 """``StepGuard``: check, decide, replay, step or skip — once per optimizer step, on every rank alike.
 
-The loop hands the guard a closure that zeroes the gradients and runs forward/backward of
-every micro-batch of one optimizer step, and gets back a :class:`StepResult`::
+After the backward, the loop hands the guard the step's loss — the loop keeps its shape,
+gradient accumulation with ``no_sync`` / ``require_backward_grad_sync`` included::
 
-    guard = StepGuard(model, optimizer, scheduler=sched, scaler=scaler, max_norm=1.0, ctx=ctx)
-    for batch in loader:
-        def fwd_bwd():
-            optimizer.zero_grad(set_to_none=True)
-            loss = loss_fn(model(batch))
-            loss.backward()               # or scaler.scale(loss).backward()
-            return loss.detach()
-        res = guard.step(fwd_bwd, samples=batch_indices)
+    guard = StepGuard(ddp_model, optimizer, scheduler=sched, scaler=scaler, max_norm=1.0, ctx=titan_ctx)
+    for x, y in loader:
+        optimizer.zero_grad()
+        loss = loss_fn(ddp_model(x), y)
+        loss.backward()                  # or scaler.scale(loss).backward()
+        res = guard.step(loss)           # replaces clip_grad_norm_ / optimizer.step / scheduler.step
+
+Or it hands a closure that zeroes the gradients and runs forward/backward of every
+micro-batch of one step — the guard can then *replay* a faulty step to tell a transient
+from a persistent fault (``res = guard.step(fwd_bwd, samples=batch_indices)``).
 
 ``guard.step`` replaces ``clip_grad_norm_`` / ``optimizer.step`` / ``scaler.step`` /
-``scaler.update`` / ``scheduler.step``. Design and measured costs: ``docs/guard.md``.
+``scaler.update`` / ``scheduler.step``; it also drives the progress beacon's phases, a
+drill's injection points, DDP's warm-up after a restore and the ``step`` event
+(:mod:`titan.guard.progress`). Design and measured costs: ``docs/guard.md``.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from titan.guard import actions
 from titan.guard.checks import make_check
 from titan.guard.decision import Observation, Verdict, exchange, gather_objects, judge
 from titan.guard.escalation import Escalator
+from titan.guard.progress import StepProgress
 from titan.guard.rng import capture_rng, restore_rng
 from titan.guard.stats import RobustWindow
 
@@ -54,6 +59,8 @@ class StepResult:
     rolled_back_to: int | None = None  # the loop must continue after this step
     escalation: str | None = None
     replay_match: bool | None = None  # set when a replay was requested for verification
+    lr: float | None = None  # the learning rate this step used (after the guard's lr_scale)
+    step_time_s: float | None = None  # from the step's first forward to the end of the update
 
     def event_data(self) -> dict[str, Any]:
         """Fields for the loop's ``step`` event."""
@@ -73,13 +80,18 @@ class StepGuard:
     ``ctx`` (a ``titan.worker.WorkerContext``) supplies the policy (``settings.guard``),
     the event writer and the node name; ``policy``/``events``/``node`` override it.
     ``rollback``: a callable that restores the in-memory snapshot (collective) and returns
-    the restored step — see :meth:`use_checkpointer`.
+    the restored step — see :meth:`use_checkpointer`. ``step_events``: write one ``step``
+    event per step (default; a loop with its own richer event calls :meth:`emit_step`).
+
+    A loop that sets its learning rate by hand every step keeps doing so: the guard's
+    LR-lowering escalation multiplies the rate *at the update* by :attr:`lr_scale` (saved
+    with the guard's state) and puts the loop's value back afterwards.
     """
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, *, scheduler: Any = None,
                  scaler: Any = None, max_norm: float | None = None, policy: Any = None, ctx: Any = None,
                  events: Any = None, node: str | None = None, process_group: Any = None,
-                 rollback: Callable[[], int] | None = None) -> None:
+                 rollback: Callable[[], int] | None = None, step_events: bool = True) -> None:
         from titan.settings.guard import GuardConfig
 
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
@@ -90,13 +102,21 @@ class StepGuard:
         self.node = node or (ctx.node if ctx is not None else "local")
         self.group = process_group
         self._rollback = rollback
+        self.ctx = ctx
         p = self.policy
+        self.step_count = 0
+        # Before the check registers DDP's one comm hook: a drill's collective hang wraps it.
+        self.progress = StepProgress(self, ctx, step_events=step_events)
         self.check = make_check(model, process_group) if p.enabled else None
+        self.progress.attach_faults()
+        if self.events is not None:  # what `titan run`'s capability report reads
+            self.events.emit("guard.armed", f"step guard {'on (' + self.check.mode + ')' if self.check else 'off'}",
+                             data={"mode": self.check.mode if self.check else "off", "enabled": p.enabled,
+                                   "replay": p.replay, "max_norm": max_norm})
         self.loss_stats = RobustWindow(p.spike_window, p.spike_warmup, rel_floor=p.spike_rel_floor)
         self.grad_stats = RobustWindow(p.spike_window, p.spike_warmup, rel_floor=p.spike_rel_floor, log=True)
         self.escalator = Escalator(k=p.persistent_k, window=p.persistent_window,
                                    max_consecutive_skips=p.max_consecutive_skips, ladder=p.escalation)
-        self.step_count = 0
         self.skipped_total = 0
         self.strikes: dict[str, int] = {}
         self.lr_scale = 1.0
@@ -133,23 +153,35 @@ class StepGuard:
         return actions.rollback(self, reason)
 
     # --- the step -------------------------------------------------------------------
-    def step(self, fwd_bwd: Callable[[], Any], *,
+    def step(self, loss_or_fwd_bwd: Any = None, *,
              samples: Sequence[int] | Callable[[], Sequence[int]] | None = None) -> StepResult:
         """Run one optimizer step under guard.
 
-        Cost on a clean step: the closure, one pre-reduce read of the gradients (DDP and
-        FSDP2; none without a wrapper), one all-reduce of ``3 + 2·world`` floats (none at
-        world 1) and one host read of it. On a faulty step: an all-gather of per-rank
-        details and (policy ``replay``) one more forward/backward.
+        ``loss_or_fwd_bwd``: the step's loss (a tensor or float, after the loop's backward),
+        or a closure that zeroes the gradients, runs forward/backward of the step and returns
+        the loss — only a closure lets the guard replay a faulty step (policy ``replay``) to
+        classify it as transient or persistent; with a loss a faulty step is skipped
+        unclassified. Cost on a clean step: the closure (if any), one pre-reduce read of the
+        gradients (DDP and FSDP2; none without a wrapper), one all-reduce of ``3 + 2·world``
+        floats (none at world 1) and one host read of it. On a faulty step: an all-gather of
+        per-rank details and (a closure, policy ``replay``) one more forward/backward.
         ``samples``: this rank's dataset indices of the step (or a callable returning
         them, evaluated only on a faulty step), logged when a fault is persistent.
         Raises ``TitanAbort(exit_code=GAVE_UP)`` when the escalation ladder ends in abort.
         """
+        res = self._step(loss_or_fwd_bwd, samples)
+        self.progress.end(res)
+        return res
+
+    def _step(self, loss_or_fwd_bwd: Any, samples: Any) -> StepResult:
         s = self.step_count + 1
+        fwd_bwd = loss_or_fwd_bwd if callable(loss_or_fwd_bwd) else None
         if self.check is None:
-            return actions.unguarded_step(self, fwd_bwd, s)
+            self.progress.phase("optimizer")
+            res = actions.unguarded_step(self, fwd_bwd or (lambda: loss_or_fwd_bwd), s)
+            return res
         rng0 = capture_rng()  # ~20 µs; any rank may ask for a verification replay
-        loss, obs = self._run(fwd_bwd, verify=self._verify_next)
+        loss, obs = self._run(fwd_bwd, verify=self._verify_next and fwd_bwd is not None, loss=loss_or_fwd_bwd)
         self._verify_next = False
         verify = obs.verify  # agreed through the exchange: all ranks replay or none
         verdict = self._judge(obs)
@@ -163,7 +195,7 @@ class StepGuard:
             if verdict.bad:
                 res.culprit = actions.describe_culprit(verdict, info)
                 actions.report_fault(self, s, verdict, obs, res.culprit)
-            if self.policy.replay or verify:
+            if (self.policy.replay or verify) and fwd_bwd is not None:
                 rng1 = capture_rng()
                 restore_rng(rng0)
                 _, obs2 = self._run(fwd_bwd)
@@ -194,20 +226,29 @@ class StepGuard:
                     self.escalator.record_persistent(s)
         if verdict.kind == "overflow":
             apply_obs = None
+        if s in self.progress.skips and apply_obs is not None:  # a drill's clean reference run
+            verdict, apply_obs = Verdict(self.progress.skips[s], (), {"planned": True}), None
+        res.lr = actions.effective_lr(self)
+        self.progress.phase("optimizer")
         if apply_obs is None:
             actions.skip(self, s, verdict, res)
         else:
             actions.apply(self, apply_obs)
+        if fwd_bwd is None:
+            self.check.begin_step()  # the next step's backward runs before its guard.step
         self.step_count = s
         if res.reason != "overflow":  # the scaler's normal business: neither a skip nor progress
             self.escalator.record_step(skipped=res.skipped)
         actions.maybe_escalate(self, s, res)
         return res
 
-    def _run(self, fwd_bwd: Callable[[], Any], verify: bool = False) -> tuple[Any, Observation]:
+    def _run(self, fwd_bwd: Callable[[], Any] | None, verify: bool = False, loss: Any = None) -> tuple[Any, Observation]:
         assert self.check is not None
-        self.check.begin_step()
-        loss = fwd_bwd()
+        if fwd_bwd is not None:
+            self.check.begin_step()
+            loss = fwd_bwd()
+        loss = self.progress.loss(loss)
+        self.progress.phase("comm")  # the one exchange is a collective
         dev = self.check.device()
         loss_t = loss.detach() if isinstance(loss, torch.Tensor) else torch.tensor(float(loss), device=dev)
         units = self.check.local_unit_norms()
@@ -277,8 +318,18 @@ class StepGuard:
         self.strikes = dict(keep["strikes"] if keep else detail["strikes"])
         self.lr_scale = float(keep["lr_scale"] if keep else state["lr_scale"])
 
+    def emit_step(self, res: StepResult, **extra: Any) -> None:
+        """Write the ``step`` event of ``res`` (loss mean over ranks, learning rate, grad norm,
+        skipped, step time, culprit) plus ``extra`` fields. Every rank writes its own."""
+        if self.events is None:
+            return
+        data: dict[str, Any] = {"loss": res.loss_mean, "lr": res.lr, "step_time_s": res.step_time_s,
+                                **res.event_data(), **extra}
+        self.events.emit("step", step=res.step, data=data, force=res.skipped)
+
     def close(self) -> None:
-        """Detach the check from the model (DDP's hook becomes a plain all-reduce)."""
+        """Detach the check and the step hooks from the model (DDP's hook becomes a plain all-reduce)."""
+        self.progress.close()
         if self.check is not None:
             self.check.close()
 

@@ -25,7 +25,7 @@ import torch.distributed as dist
 from torch import nn
 
 from titan.guard.checks import GradCheck, _foreach_norms, index_tensor, local_norms
-from titan.worker.hooks import wrap_comm_hook
+from titan.beacon.hooks import wrap_comm_hook
 
 __all__ = ["DDPCheck"]
 
@@ -47,6 +47,9 @@ class DDPCheck(GradCheck):
         self._pre: dict[int, tuple[list[int], torch.Tensor]] = {}
         self._post: dict[int, tuple[list[int], list[torch.Tensor]]] = {}
         self._fallback: tuple[torch.Tensor, torch.Tensor] | None = None
+        #: Called with each bucket's flat local gradients before they are read and reduced
+        #: (a drill's gradient faults; ``titan.guard.progress``).
+        self.before_reduce: Any = None
         try:
             # Observers (tracing, beacon counters) wrap the one hook DDP allows.
             ddp.register_comm_hook(self, wrap_comm_hook(_guard_hook))  # type: ignore[operator]
@@ -116,6 +119,8 @@ def _guard_hook(state: DDPCheck, bucket: dist.GradBucket) -> torch.futures.Futur
     numels = [p.numel() for p in params]
     shapes = [p.shape for p in params]
     buf = bucket.buffer()
+    if state.before_reduce is not None:
+        state.before_reduce(buf)
     low = buf.dtype in (torch.float16, torch.bfloat16)
     views = list(buf.split(numels))
     pre = torch._foreach_norm(views, 2.0, dtype=torch.float32) if low else _foreach_norms(views)

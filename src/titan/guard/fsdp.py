@@ -17,7 +17,18 @@ from typing import Any
 import torch
 from torch import nn
 
+from titan.beacon import get_beacon
 from titan.guard.checks import GradCheck, _foreach_norms
+from titan.private_api import PrivateName, register, require
+
+#: torch internals the FSDP2 guard rests on (checked before use; titan.private_api).
+PRIVATE_NAMES = register("step guard for FSDP2", [
+    PrivateName("torch.distributed.fsdp._fully_shard._fsdp_collectives", "DefaultReduceScatter",
+                "the guard wraps FSDP2's reduce-scatter to see each rank's gradients before they are summed"),
+    PrivateName("torch.distributed.fsdp._fully_shard._fsdp_collectives", "DefaultAllGather",
+                "the guard counts FSDP2's parameter all-gathers on the progress beacon (who is behind in a hang)"),
+    PrivateName("torch", "_foreach_norm", "per-tensor norms of many gradients in one call"),
+])
 
 __all__ = ["FSDPCheck"]
 
@@ -36,10 +47,14 @@ class FSDPCheck(GradCheck):
 
     def __init__(self, model: nn.Module) -> None:
         from torch.distributed.fsdp import FSDPModule
-        from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultReduceScatter
+
+        require(PRIVATE_NAMES, feature="the step guard for FSDP2")
+        from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultAllGather, DefaultReduceScatter
 
         super().__init__(model)
         self._pre: dict[int, torch.Tensor] = {}
+        #: Called with each unit's flat local gradients before they are read and reduced.
+        self.before_reduce: Any = None
         self.unit_names = []
         self._unit_params: list[list[str]] = []
         self._unit_tensors: list[list[nn.Parameter]] = []
@@ -56,7 +71,11 @@ class FSDPCheck(GradCheck):
             self.unit_names.append(name or "<root>")
             self._unit_params.append([n for n, _ in mine])
             self._unit_tensors.append([p for _, p in mine])
-            mod.set_custom_reduce_scatter(_make_flag_rs(DefaultReduceScatter, self._pre, unit))
+            mod.set_custom_reduce_scatter(_make_flag_rs(DefaultReduceScatter, self._pre, unit, self))
+        for _, mod in fsdp_mods:
+            # The parameter all-gathers (forward, backward) count on the beacon too: a rank
+            # that never issued the one its peers wait in is then behind in the sequence.
+            mod.set_custom_all_gather(_make_counted_ag(DefaultAllGather))
 
     def begin_step(self) -> None:
         self._pre.clear()
@@ -93,13 +112,49 @@ class FSDPCheck(GradCheck):
         return self._unit_params[unit]
 
 
-def _make_flag_rs(base: type, sink: dict[int, torch.Tensor], unit: int) -> Any:
+def _make_counted_ag(base: type) -> Any:
+    """An all-gather counted on the beacon (issued at the call, completed when its work is)."""
+
+    class _CountedAllGather(base):  # type: ignore[misc, valid-type]
+        def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: Any,
+                     async_op: bool = False) -> Any:
+            b = get_beacon()
+            if b is None:
+                return super().__call__(output_tensor, input_tensor, group, async_op)
+            b.collective_issued(0)
+            work = super().__call__(output_tensor, input_tensor, group, async_op)
+            fut = work.get_future() if work is not None and hasattr(work, "get_future") else None
+            if fut is None:
+                b.collective_done(0)
+            else:
+                fut.then(lambda f: b.collective_done(0))
+            return work
+
+    return _CountedAllGather()
+
+
+def _make_flag_rs(base: type, sink: dict[int, torch.Tensor], unit: int, check: Any = None) -> Any:
     """A reduce-scatter that records the local input's norm for ``unit``, then reduces."""
 
     class _FlagReduceScatter(base):  # type: ignore[misc, valid-type]
         def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: Any,
                      op: Any, async_op: bool = False) -> Any:
+            if check is not None and check.before_reduce is not None:
+                check.before_reduce(input_tensor)
             sink[unit] = torch.linalg.vector_norm(input_tensor, 2.0, dtype=torch.float32)
-            return super().__call__(output_tensor, input_tensor, group, op, async_op)
+            b = get_beacon()
+            if b is None:
+                return super().__call__(output_tensor, input_tensor, group, op, async_op)
+            # Phase ``comm`` and the beacon's collective counters, as DDP's buckets get them
+            # (issued and completed when the call returns: the counters show a rank that
+            # never got here, which is what the watchdog compares).
+            b.enter("comm")
+            try:
+                out = super().__call__(output_tensor, input_tensor, group, op, async_op)
+                b.collective_issued(0)
+            finally:
+                b.exit()
+            b.collective_done(0)
+            return out
 
     return _FlagReduceScatter()

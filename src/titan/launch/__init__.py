@@ -3,12 +3,12 @@
 Creates the run directory and ``run.json``, hands workers their Titan context, records
 launcher events (``launcher.*``, ``worker.failed``) and maps the outcome onto
 ``titan.exitcodes.ExitCode``. ``request_abort`` is the one way for any component to stop
-a job without a restart (see ``titan.launch.abort``).
+a job without a restart (see ``titan.events.abort``).
 """
 
 from __future__ import annotations
 
-from titan.launch.abort import abort_file, read_abort, request_abort
+from titan.events.abort import abort_file, read_abort, request_abort
 from titan.launch.options import Entrypoint, LaunchOptions, parse_entrypoint
 from titan.launch.runner import LaunchResult, launch, prepare
 

@@ -8,10 +8,11 @@ methods, each of which calls the original and adds one thing:
 
 * ``_monitor_workers``: records each new failure as ``worker.failed`` (global and local
   rank, pid, exit code, signal name, ``@record`` error data) the tick it is seen; turns
-  a worker's ``GAVE_UP``/``PREEMPTED`` exit, or an abort file (``titan.launch.abort``),
+  a worker's ``GAVE_UP``/``PREEMPTED`` exit, or an abort file (``titan.events.abort``),
   into "no restarts left" so the agent stops its workers the normal way and returns.
-* ``_restart_workers``: records ``launcher.restart`` (attempt, reason) before delegating,
-  and refuses to restart when an abort is pending.
+* ``_restart_workers``: asks the restart policy (:mod:`titan.launch.restarts`: backoff or
+  give up, decided from the run directory's events), records ``launcher.restart`` (attempt,
+  reason) before delegating, and refuses to restart when an abort is pending.
 
 ``launch_agent`` builds ``LocalElasticAgent`` by its module-global name with no hook to
 inject a subclass, so :func:`patched_agent` swaps that one name for the duration of a
@@ -23,11 +24,13 @@ from __future__ import annotations
 import contextlib
 import logging
 import signal
+import time
 from typing import Any, Callable, Iterator
 
 from titan.exitcodes import ExitCode
-from titan.launch.abort import AbortRequest, read_abort, request_abort
+from titan.events.abort import AbortRequest, read_abort, request_abort
 from titan.launch.recorder import LauncherRecorder, signal_name
+from titan.launch.restarts import POLICY_BY, RestartPolicy
 
 __all__ = ["patched_agent", "STOP_CODES"]
 
@@ -37,7 +40,8 @@ log = logging.getLogger(__name__)
 STOP_CODES = {int(ExitCode.GAVE_UP): ExitCode.GAVE_UP, int(ExitCode.PREEMPTED): ExitCode.PREEMPTED}
 
 
-def _make_agent_class(base: type, recorder: LauncherRecorder, on_abort: Callable[[AbortRequest], None]) -> type:
+def _make_agent_class(base: type, recorder: LauncherRecorder, on_abort: Callable[[AbortRequest], None],
+                      policy: RestartPolicy | None = None) -> type:
     class TitanAgent(base):  # type: ignore[misc, valid-type]
         """``LocalElasticAgent`` that reports failures as they happen and honours aborts."""
 
@@ -101,12 +105,28 @@ def _make_agent_class(base: type, recorder: LauncherRecorder, on_abort: Callable
                 return RunResult(state=WorkerState.FAILED, failures=result.failures)
             return result
 
+        def _titan_backoff(self, seconds: float) -> None:
+            """Sleep before the restart, in short slices: an abort ends the wait (and the job)."""
+            deadline = time.monotonic() + seconds
+            while time.monotonic() < deadline:
+                time.sleep(min(0.1, max(0.0, deadline - time.monotonic())))
+                if self._titan_check_abort() is not None:
+                    raise _AbortRestart()
+
         def _restart_workers(self, worker_group: Any) -> None:
             if self._titan_check_abort() is not None:
                 raise _AbortRestart()
             prev = worker_group.state.name
             reason = "membership change" if prev == "HEALTHY" else f"worker group {prev.lower()}"
             nxt = self._titan_attempt()
+            if policy is not None and prev != "HEALTHY":  # the launcher's restart decision
+                dec = policy.before_restart(nxt)
+                if dec.give_up:
+                    request_abort(recorder.run_dir, f"gave up: {dec.reason}", exit_code=ExitCode.GAVE_UP,
+                                  by=POLICY_BY)
+                    self._titan_check_abort()
+                    raise _AbortRestart()
+                self._titan_backoff(dec.backoff_s)
             with recorder.lock:
                 recorder.restarts += 1
             recorder.emit("launcher.restart", f"restarting the worker group ({reason}), attempt {nxt}",
@@ -123,12 +143,14 @@ class _AbortRestart(Exception):
 
 
 @contextlib.contextmanager
-def patched_agent(recorder: LauncherRecorder, on_abort: Callable[[AbortRequest], None]) -> Iterator[type]:
-    """Make ``torch.distributed.launcher.api`` build a ``TitanAgent`` while inside."""
+def patched_agent(recorder: LauncherRecorder, on_abort: Callable[[AbortRequest], None],
+                  policy: RestartPolicy | None = None) -> Iterator[type]:
+    """Make ``torch.distributed.launcher.api`` build a ``TitanAgent`` while inside; with
+    ``policy`` every restart after a failure is decided by it (backoff or give up)."""
     from torch.distributed.launcher import api
 
     original = api.LocalElasticAgent
-    cls = _make_agent_class(original, recorder, on_abort)
+    cls = _make_agent_class(original, recorder, on_abort, policy)
     api.LocalElasticAgent = cls
     try:
         yield cls

@@ -22,6 +22,16 @@ __all__ = ["LaunchOptions", "Entrypoint", "parse_entrypoint", "torchrun_argv", "
 
 _NNODES = re.compile(r"^(\d+)(?::(\d+))?$")
 _BACKENDS = ("c10d", "static", "etcd", "etcd-v2")
+#: Bounds on the job's shape: more is a typo (and torchrun would try to build it: a
+#: trillion workers grew the launcher to 6 GB before failing).
+MAX_NPROC_PER_NODE = 1024
+MAX_NODES = 100_000
+#: ``--rdzv-conf`` keys torch's rendezvous handlers read, by value type (others are refused).
+_CONF_SECONDS = ("join_timeout", "last_call_timeout", "close_timeout", "heartbeat_timeout", "keep_alive_interval",
+                 "read_timeout", "timeout")
+_CONF_INTS = ("keep_alive_max_attempt", "rank")
+_CONF_BOOLS = ("is_host", "use_libuv")
+_CONF_STRS = ("store_type", "protocol", "cacert", "ca_cert", "cert", "key", "ssl_cert", "ssl_cert_key", "etcd_prefix")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,6 +58,10 @@ class LaunchOptions:
     rdzv_conf: str | None = None
     local_addr: str | None = None
     run_id: str | None = None
+    #: The job secret's file (``--rdzv-secret-file``); else TITAN_RDZV_SECRET_FILE / TITAN_RDZV_SECRET.
+    rdzv_secret_file: str | None = None
+    #: ``--insecure-rdzv``: torch's stock, unauthenticated rendezvous (see ``launch.secure``).
+    insecure_rdzv: bool = False
 
     @property
     def min_max_nodes(self) -> tuple[int, int]:
@@ -62,18 +76,27 @@ class LaunchOptions:
 
     def validate(self) -> None:
         """Raise ``UserError`` for an option torchrun would reject or misread."""
+        from titan.inputs import check_host, check_host_port, check_id
+
         n = self.nproc_per_node.strip()
-        if n not in ("auto", "cpu", "gpu") and not (n.isdigit() and int(n) >= 1):
-            raise UserError(f"--nproc-per-node {self.nproc_per_node!r} is not a positive number",
-                            "give the workers per node, e.g. --nproc-per-node 2 (or auto, cpu, gpu)")
+        if n not in ("auto", "cpu", "gpu") and not (n.isdigit() and 1 <= int(n) <= MAX_NPROC_PER_NODE):
+            raise UserError(f"--nproc-per-node {self.nproc_per_node!r} is not a number within 1 … {MAX_NPROC_PER_NODE}",
+                            f"give the workers per node within 1 … {MAX_NPROC_PER_NODE}, e.g. --nproc-per-node 2 "
+                            "(or auto, cpu, gpu)")
         _, hi = self.min_max_nodes
+        if hi > MAX_NODES:
+            raise UserError(f"--nnodes {self.nnodes!r}: at most {MAX_NODES:,} nodes", f"give MIN:MAX within 1 … {MAX_NODES:,}")
         if self.rdzv_backend not in _BACKENDS:
             raise UserError(f"unknown --rdzv-backend {self.rdzv_backend!r}", f"use one of {', '.join(_BACKENDS)} (c10d is the default)")
         if hi > 1 and not self.rdzv_endpoint:
             raise UserError(f"--nnodes {self.nnodes} needs --rdzv-endpoint HOST:PORT",
                             "run the same command on every node with the same --rdzv-endpoint and --run-id")
-        if self.rdzv_endpoint and not re.match(r"^[A-Za-z0-9._\-\[\]:]+$", self.rdzv_endpoint):
-            raise UserError(f"--rdzv-endpoint {self.rdzv_endpoint!r} is not HOST[:PORT]", "e.g. --rdzv-endpoint node0:29400")
+        if self.rdzv_endpoint:
+            check_host_port(self.rdzv_endpoint, "--rdzv-endpoint")
+        if self.rdzv_id:
+            check_id(self.rdzv_id, "rendezvous id (--rdzv-id)")
+        if self.local_addr:
+            check_host(self.local_addr, "--local-addr")
         if hi > 1 and not (self.run_id or self.rdzv_id):
             raise UserError("a multi-node run needs --run-id (the same on every node)",
                             "e.g. --run-id exp42; it names the run directory and the rendezvous")
@@ -97,8 +120,26 @@ def rdzv_conf(extra: str | None, settings: Settings | None = None) -> str:
         k, sep, v = item.partition("=")
         if not sep or not k.strip():
             raise UserError(f"--rdzv-conf item {item!r} is not KEY=VALUE", "e.g. --rdzv-conf is_host=1,read_timeout=60")
-        conf[k.strip()] = v.strip()
+        conf[k.strip()] = _conf_value(k.strip(), v.strip())
     return ",".join(f"{k}={v}" for k, v in conf.items())
+
+
+def _conf_value(key: str, value: str) -> str:
+    """Check one ``--rdzv-conf`` value the way torch will read it (``int()``, bool words)."""
+    from titan.settings.core import MAX_SECONDS
+
+    if key in _CONF_SECONDS or key in _CONF_INTS:
+        lo, hi = (1, int(MAX_SECONDS)) if key in _CONF_SECONDS else (0 if key == "rank" else 1, 1_000_000)
+        if not (value.isdigit() and lo <= int(value) <= hi):
+            raise UserError(f"--rdzv-conf {key}={value!r} is not a whole number within {lo:,} … {hi:,}",
+                            f"give {key} as whole {'seconds' if key in _CONF_SECONDS else 'number'} within {lo:,} … {hi:,}")
+    elif key in _CONF_BOOLS:
+        if value.lower() not in ("1", "0", "true", "false", "t", "f", "yes", "no", "y", "n"):
+            raise UserError(f"--rdzv-conf {key}={value!r} is not a boolean", f"give {key}=1 or {key}=0")
+    elif key not in _CONF_STRS:
+        raise UserError(f"unknown --rdzv-conf key {key!r}",
+                        f"known keys: {', '.join(sorted(_CONF_SECONDS + _CONF_INTS + _CONF_BOOLS + _CONF_STRS))}")
+    return value
 
 
 def _num(x: float) -> str:
@@ -134,8 +175,10 @@ def parse_entrypoint(command: Sequence[str], cwd: Path) -> Entrypoint:
 
 
 def torchrun_argv(opts: LaunchOptions, settings: Settings, entry: Entrypoint, *, rdzv_id: str,
-                  event_handler: str) -> list[str]:
-    """The argv for ``torch.distributed.run.parse_args`` (torchrun's own flags)."""
+                  event_handler: str, no_python: bool = False) -> list[str]:
+    """The argv for ``torch.distributed.run.parse_args`` (torchrun's own flags).
+
+    ``no_python``: ``entry.target`` is the executable itself (the warm-worker stub)."""
     lo, hi = opts.min_max_nodes
     argv = [
         "--nproc-per-node", opts.nproc_per_node,
@@ -152,7 +195,9 @@ def torchrun_argv(opts: LaunchOptions, settings: Settings, entry: Entrypoint, *,
         argv += ["--standalone"]
     if opts.local_addr:
         argv += ["--local-addr", opts.local_addr]
-    if entry.module:
+    if no_python:
+        argv += ["--no-python"]
+    elif entry.module:
         argv += ["-m"]
     argv += [entry.target, *entry.args]
     return argv

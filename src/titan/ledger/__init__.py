@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from titan.ledger.store import KINDS, Ledger, NodeRecord, Strike, default_ledger_path
 
-__all__ = ["KINDS", "Ledger", "NodeRecord", "Strike", "default_ledger_path", "ledger_from_settings"]
+__all__ = ["KINDS", "Ledger", "NodeRecord", "Strike", "default_ledger_path", "ledger_from_settings",
+           "ledger_path"]
+
+
+def ledger_path(settings) -> Path:  # noqa: ANN001 - titan.settings.Settings
+    """Where the configured ledger lives (``watchdog.ledger_path`` or the default); creates nothing."""
+    return Path(settings.watchdog.ledger_path) if settings.watchdog.ledger_path else default_ledger_path()
 
 
 def ledger_from_settings(settings) -> Ledger:  # noqa: ANN001 - titan.settings.Settings

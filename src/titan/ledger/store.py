@@ -18,7 +18,7 @@ import os
 import sqlite3
 import time
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterable, Iterator, Mapping
 
 __all__ = ["Ledger", "NodeRecord", "Strike", "default_ledger_path", "KINDS"]
 
@@ -90,6 +90,33 @@ class Ledger:
         finally:
             c.close()
         return self.count(node)
+
+    def merge(self, rows: Iterable[Mapping[str, Any]]) -> int:
+        """Add strikes learned from other nodes (``node``, ``kind``, ``t``, ``run``, ``detail``)
+        unless the same (node, kind, t, run) is already here; unknown kinds and malformed rows
+        are skipped. Returns how many were added. One transaction."""
+        added = 0
+        c = self._conn()
+        try:
+            c.execute("BEGIN")
+            for r in rows:
+                try:
+                    node, kind, t = str(r["node"]), str(r["kind"]), float(r["t"])
+                    run, detail = str(r.get("run", "")), str(r.get("detail", ""))[:2000]
+                except (KeyError, TypeError, ValueError):
+                    continue
+                if kind not in KINDS or not node:
+                    continue
+                if c.execute("SELECT 1 FROM strikes WHERE node=? AND kind=? AND t=? AND run=?",
+                             (node, kind, t, run)).fetchone():
+                    continue
+                c.execute("INSERT INTO strikes(node, kind, t, run, detail) VALUES (?,?,?,?,?)",
+                          (node, kind, t, run, detail))
+                added += 1
+            c.execute("COMMIT")
+        finally:
+            c.close()
+        return added
 
     def count(self, node: str, *, now: float | None = None) -> int:
         """Strikes of ``node`` within the window."""

@@ -31,6 +31,7 @@ from titan.monitor.baseline import BaselineBank
 from titan.monitor.peer import PeerComparator, PeerExchange
 from titan.monitor.rules import RuleEngine, build_rules
 from titan.monitor.samples import SampleWriter, compact
+from titan.monitor.transient import TransientDetectors
 from titan.settings.agent import AgentConfig
 
 __all__ = ["Agent", "TickResult", "build_collectors", "DEFAULT_FLOORS", "default_state_dir"]
@@ -82,17 +83,40 @@ def build_collectors(cfg: AgentConfig, node: str, run_dir: RunDir | None, *, pro
         elif name == "net":
             probe = None
             if cfg.probe and run_dir is not None:
-                try:
-                    probe = EchoProbe(run_dir.metrics, node, host=cfg.probe_host, timeout_s=cfg.probe_timeout_s,
-                                      window=cfg.probe_window, min_probes=min(100, cfg.probe_window))
-                except OSError as e:
-                    log.warning("echo probe disabled: cannot bind UDP on %r: %s", cfg.probe_host or "hostname", e)
+                probe = _job_probe(cfg, node, run_dir)
             out.append(NetCollector(proc, probe=probe, window_s=cfg.net_window_s, min_packets=cfg.net_min_packets))
         elif name == "kmsg":
             out.append(KmsgCollector(xid_actions=cfg.xid_actions))
         elif name == "ipmi":
             out.append(IpmiCollector(every_s=cfg.ipmi_every_s))
     return out
+
+
+def _job_probe(cfg: AgentConfig, node: str, run_dir: RunDir) -> Any:
+    """The echo probe keyed by the job secret (``TITAN_RDZV_SECRET`` from ``titan run``), or None.
+
+    Without a secret the probe stays off: it would answer pings nobody can authenticate.
+    """
+    from titan.errors import UserError
+    from titan.monitor.probe import EchoProbe, default_probe_host
+    from titan.security.secret import resolve_secret
+
+    try:
+        secret = resolve_secret(None, os.environ)
+    except UserError as e:
+        log.warning("echo probe disabled: %s", e)
+        return None
+    if secret is None:
+        log.warning("echo probe disabled: no job secret (titan run hands its agent one; or set TITAN_RDZV_SECRET)")
+        return None
+    host = cfg.probe_host or default_probe_host()
+    try:
+        return EchoProbe(run_dir.metrics, node, host=host, timeout_s=cfg.probe_timeout_s, window=cfg.probe_window,
+                         min_probes=min(100, cfg.probe_window), signer=secret.signer(), context=run_dir.run_id,
+                         interval_s=cfg.probe_interval_s or None)
+    except OSError as e:
+        log.warning("echo probe disabled: cannot bind UDP on %r: %s", host, e)
+        return None
 
 
 @dataclasses.dataclass
@@ -107,7 +131,8 @@ class Agent:
     """One node's agent; ``tick`` is the whole work of one interval (see module docstring)."""
 
     def __init__(self, cfg: AgentConfig, *, node: str, run_dir: RunDir | None = None,
-                 collectors: list[Collector] | None = None, floors: dict[str, tuple[float, float]] | None = None) -> None:
+                 collectors: list[Collector] | None = None, floors: dict[str, tuple[float, float]] | None = None,
+                 beacon_dir: Path | None = None) -> None:
         self.cfg = cfg
         self.node = node
         self.run_dir = run_dir
@@ -120,6 +145,10 @@ class Agent:
                                       min_duration_s=cfg.baseline_min_duration_s,
                                       fire_fraction=cfg.baseline_fire_fraction, floors=floors)
         self._baseline_names = set(cfg.baseline_metrics)
+        # Seconds-scale transients (host pressure, a sick link); beacons give the job's step times.
+        if beacon_dir is None and run_dir is not None:
+            beacon_dir = run_dir.path / "beacons"
+        self.transient = TransientDetectors(node, beacon_dir=beacon_dir) if cfg.fast_detectors else None
         self.peers = PeerComparator(z=cfg.peer_z, min_nodes=cfg.peer_min_nodes,
                                     min_duration_s=cfg.peer_min_duration_s, floors=floors)
         self.exchange = (PeerExchange(run_dir.metrics, node, names=cfg.peer_metrics,
@@ -217,6 +246,10 @@ class Agent:
                                 f"(median {v.median:.4g})", "warning",
                                 value=compact(x), median=compact(v.median), scale=compact(v.scale), z=round(v.z, 2),
                                 since=v.since, duration_s=None if v.since is None else round(now - v.since, 3))
+        if self.transient is not None:
+            for tr in self.transient.evaluate(now, metrics):
+                self._alert(alerts, tr.transition, "transient", tr.rule, tr.key, tr.message, "warning", **tr.data)
+            metrics.update(self.transient.seen)
         self._peer_step(now, metrics, alerts)
         self._outputs(now, metrics)
         self.ticks += 1

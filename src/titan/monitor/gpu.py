@@ -100,7 +100,7 @@ class GpuCollector:
             try:
                 import pynvml  # nvidia-ml-py
             except ImportError:
-                self._status = unavailable("nvidia-ml-py is not installed (pip install 'titan[gpu]')")
+                self._status = unavailable("nvidia-ml-py is not installed (pip install 'titan-resilience[gpu]')")
                 self._next_try = float("inf")
                 return
             self._nvml = pynvml

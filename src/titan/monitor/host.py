@@ -68,8 +68,9 @@ class HostCollector:
                         r.metrics["host_cpu_utilization_ratio"] = busy / total
                         for f in ("iowait", "irq", "softirq", "steal"):
                             r.metrics[f"host_cpu_{f}_ratio"] = share[f] / total
-            elif line.startswith("ctxt "):
-                pass
+            elif line.startswith("procs_running "):
+                # Tasks runnable right now (the run queue, this one included).
+                r.metrics["host_procs_running"] = float(line.split()[1])
         r.info["cpus"] = sum(1 for ln in stat.splitlines() if re.match(r"cpu\d+ ", ln))
 
     def _softirqs(self, now: float, r: Reading) -> None:

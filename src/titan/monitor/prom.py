@@ -1,4 +1,4 @@
-"""Prometheus endpoint for the agent (``prometheus_client``, optional extra ``titan[prometheus]``).
+"""Prometheus endpoint for the agent (``prometheus_client``, optional extra ``titan-resilience[prometheus]``).
 
 Every metric key becomes ``titan_<name>`` with the key's labels plus ``node``; names
 ending in ``_total`` are counters, the rest gauges — base units throughout (``_seconds``,
@@ -88,7 +88,7 @@ class PrometheusExporter:
             from prometheus_client import CollectorRegistry, start_http_server
         except ImportError:
             raise UserError("the Prometheus endpoint needs prometheus_client",
-                            "pip install 'titan[prometheus]' (or drop --prometheus-port)") from None
+                            "pip install 'titan-resilience[prometheus]' (or drop --prometheus-port)") from None
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(_AgentCollector(agent))  # type: ignore[arg-type]
         try:

@@ -14,6 +14,8 @@ import os
 from pathlib import Path
 from typing import Iterator, Mapping
 
+from titan.events import strict
+
 __all__ = ["SampleWriter", "read_samples", "compact"]
 
 
@@ -48,7 +50,7 @@ class SampleWriter:
             obj = {"t": round(t, 3), "m": delta}
         self._prev = cur
         self._n += 1
-        line = (json.dumps(obj, separators=(",", ":"), allow_nan=True) + "\n").encode()
+        line = (strict.dumps(obj, separators=(",", ":")) + "\n").encode()  # non-finite -> "nan"
         try:
             os.write(self._fd, line)
             self.bytes_written += len(line)

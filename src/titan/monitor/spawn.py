@@ -3,7 +3,8 @@
 The agent runs in its own process so that it never shares an interpreter with torch and
 keeps sampling while workers hang or restart. ``start_agent`` returns the ``Popen``;
 ``stop_agent`` sends SIGTERM (the agent writes ``agent.stop`` and exits) and SIGKILLs
-after ``timeout_s``.
+after ``timeout_s``. If this process dies without stopping it (SIGKILL), the agent notices
+and stops by itself within about a second (``titan.monitor.parent``).
 """
 
 from __future__ import annotations
@@ -33,7 +34,10 @@ def start_agent(run_dir: RunDir, node: str, *, settings_json: str | None = None,
                 env: Mapping[str, str] | None = None, prometheus_port: int | None = None,
                 log_file: str | os.PathLike[str] | None = None) -> subprocess.Popen[bytes]:
     """Spawn the agent; its stderr goes to ``log_file`` (default ``<run>/agent.<node>.log``)."""
+    from titan.monitor.parent import parent_env
+
     child_env = dict(os.environ if env is None else env)
+    child_env.update(parent_env())  # the agent stops when this process is gone (even SIGKILLed)
     child_env[TITAN_RUN_DIR] = str(run_dir.path)
     child_env[TITAN_NODE_ID] = node
     if settings_json is not None:

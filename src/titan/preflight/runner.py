@@ -23,15 +23,15 @@ class PreflightError(TitanError):
 
 def run_local(run_dir: RunDir, nproc: int, worker_args: Sequence[str], *, node_id: str,
               env: dict[str, str] | None = None, timeout_s: float = 600.0) -> dict[str, Any]:
-    """Launch ``nproc`` ranks through torchrun (standalone c10d) and return rank 0's verdict.
+    """Launch ``nproc`` ranks through torchrun (one node, Titan's bound rendezvous) and return rank 0's verdict.
 
     Raises ``PreflightError`` when the job did not produce a verdict (crash, timeout).
     """
     env = dict(os.environ if env is None else env)
-    env.update({TITAN_RUN_DIR: str(run_dir.path), TITAN_RUN_ID: run_dir.run_id, TITAN_NODE_ID: node_id,
-                "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"})
+    env.update({TITAN_RUN_DIR: str(run_dir.path), TITAN_RUN_ID: run_dir.run_id, TITAN_NODE_ID: node_id})
     out = run_dir.path / "preflight.json"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+    # torchrun with Titan's rendezvous: stores on loopback only, state signed (docs/security.md).
+    cmd = [sys.executable, "-m", "titan.launch.local_torchrun", f"--nproc-per-node={nproc}",
            "--max-restarts=0", "-m", "titan.preflight.worker", *worker_args]
     log = open(run_dir.path / "preflight.log", "wb")
     proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)

@@ -32,16 +32,17 @@ class ReportPaths:
 
 
 def write_report(path: str | RunDir, *, run_triage: bool = True,
-                 overhead: dict[str, Any] | None = None) -> ReportPaths:
+                 overhead: dict[str, Any] | None = None, out_dir: Path | None = None) -> ReportPaths:
     """Build and write the report of one run. Cost: reads every event file once; the page
     is ~5 MB (the Plotly.js bundle). Raises ``UserError`` for a non-run directory or a
-    missing Plotly bundle. ``overhead`` replaces ``run.json['overhead']`` (A/B figures)."""
+    missing Plotly bundle. ``overhead`` replaces ``run.json['overhead']`` (A/B figures).
+    ``out_dir`` (default ``<run>/report``): where the files go; nothing else is written."""
     d = collect(path, run_triage=run_triage)
     if overhead:  # an A/B measurement given on the command line wins over run.json's
         d.acc.overhead = dict(overhead)
     figs, tel = figures(d)
     summary = summary_dict(d)
-    out = d.rd.report
+    out = Path(out_dir) if out_dir is not None else d.rd.report
     out.mkdir(parents=True, exist_ok=True)
     page = render_page(d, figs, tel, summary)
     paths = ReportPaths(html=out / "index.html", markdown=out / "summary.md", json=out / "summary.json", data=d)

@@ -21,11 +21,35 @@ _PHASE_COLORS = ["#c7e9c0", "#c6dbef", "#fdd0a2", "#dadaeb", "#fcbba1", "#d9d9d9
 _X = {"title": {"text": "seconds since the run started"}, "zeroline": False}
 #: Most points one figure draws (SVG, no WebGL: headless and remote viewers may lack a GPU).
 _MAX_TICKS = 4000
+#: Telemetry small multiples: plot height and the label above each panel, in pixels.
+_PANEL_PX = 80
+_PANEL_LABEL_PX = 20
 _MAX_SERIES_POINTS = 2000
+#: Incident labels above the timeline: one row every this many pixels; rows are assigned so
+#: that labels never overlap on a plot as narrow as _NARROW_PLOT_PX (at ~_CHAR_PX per char).
+_LABEL_ROW_PX = 14
+_NARROW_PLOT_PX = 480
+_CHAR_PX = 6.5
 
 
-def _layout(title: str, **kw: Any) -> dict[str, Any]:
-    base = {"title": {"text": title, "x": 0.01}, "margin": {"l": 70, "r": 20, "t": 40, "b": 45},
+def _label_rows(xs: list[float], widths_chars: list[int], span: float) -> list[int]:
+    """Greedy rows for left-anchored labels at data positions ``xs`` (time order not needed):
+    a label goes to the lowest row whose last label ends before it starts. O(n · rows)."""
+    per_px = span / _NARROW_PLOT_PX
+    ends: list[float] = []
+    out = [0] * len(xs)
+    for i in sorted(range(len(xs)), key=lambda k: xs[k]):
+        width = (widths_chars[i] * _CHAR_PX + 8) * per_px
+        row = next((r for r, e in enumerate(ends) if e <= xs[i]), len(ends))
+        if row == len(ends):
+            ends.append(0.0)
+        ends[row] = xs[i] + width
+        out[i] = row
+    return out
+
+
+def _layout(text: str, **kw: Any) -> dict[str, Any]:
+    base = {"title": {"text": text, "x": 0.01}, "margin": {"l": 70, "r": 20, "t": 40, "b": 45},
             "legend": {"orientation": "h", "y": -0.2}, "hovermode": "closest",
             "paper_bgcolor": "white", "plot_bgcolor": "#fafafa"}
     base.update(kw)
@@ -101,10 +125,18 @@ def _timeline(d: RunData) -> dict[str, Any]:
                 shapes.append({"type": "line", "xref": "x", "yref": "paper", "x0": t - t0, "x1": t - t0, "y0": 0,
                                "y1": 1, "line": {"color": color, "dash": dash, "width": 1}})
         notes.append({"x": inc.onset_t - t0, "y": 1, "yref": "paper", "xref": "x", "showarrow": False,
-                      "yanchor": "bottom", "text": f"#{inc.index} {inc.kind}", "font": {"size": 10, "color": "#d62728"}})
+                      "yanchor": "bottom", "xanchor": "left", "text": f"#{inc.index} {inc.kind}",
+                      "font": {"size": 10, "color": "#d62728"}})
+    levels = _label_rows([n["x"] for n in notes], [len(n["text"]) for n in notes], max(acc.t1 - t0, 1e-9))
+    for n, lv in zip(notes, levels):
+        n["yshift"] = _LABEL_ROW_PX * lv
+    top = 44 + _LABEL_ROW_PX * (max(levels, default=0) + 1)
     return {"data": traces, "layout": _layout(
         "Timeline: accounting, every rank's phases and steps, incidents", barmode="overlay",
-        height=max(110 + 40 * len(rows), 130 + 21 * len(traces)), xaxis=_X, shapes=shapes, annotations=notes,
+        height=max(110 + 40 * len(rows), 130 + 21 * len(traces)) + top - 40, xaxis=_X, shapes=shapes,
+        annotations=notes, margin={"l": 70, "r": 20, "t": top, "b": 45},
+        title={"text": "Timeline: accounting, every rank's phases and steps, incidents", "x": 0.01,
+               "y": 1, "yref": "container", "yanchor": "top", "pad": {"t": 10}},
         legend={"orientation": "v", "x": 1.01, "y": 1, "font": {"size": 11}, "tracegroupgap": 6},
         yaxis={"categoryorder": "array", "categoryarray": list(reversed(rows)), "automargin": True})}
 
@@ -122,20 +154,54 @@ def _loss(d: RunData) -> dict[str, Any] | None:
         "skipped / replayed": ([e for e in finite if e.label == "skipped_replayed"],
                                {"color": "#e377c2", "size": 10, "symbol": "x"}, "markers"),
     }
+    lo, hi = _loss_window([e.loss for e in groups["kept"][0]] or [e.loss for e in finite])  # type: ignore[misc]
+    inside = lambda v: lo <= v <= hi  # noqa: E731
     traces = []
     for name, (es, marker, mode) in groups.items():
+        es = [e for e in es if inside(e.loss)]  # type: ignore[arg-type]
         if es or name == "kept":
             traces.append({"type": "scatter", "mode": mode, "name": name, "x": [e.step for e in es],
                            "y": [e.loss for e in es], "marker": marker, "customdata": [e.attempt for e in es],
                            "hovertemplate": "step %{x}: loss %{y:.4f} (attempt %{customdata})<extra>" + name + "</extra>"})
+    outside = [e for e in finite if not inside(e.loss)]  # type: ignore[arg-type]
+    layout_y: dict[str, Any] = {"title": {"text": "loss"}}
+    notes: list[dict[str, Any]] = []
+    if outside:  # one spike must not flatten the curve: clip it to the axis and say so
+        pad = (hi - lo) * 0.04
+        edge = lambda v: hi + pad if v > hi else lo - pad  # noqa: E731
+        labels = {"goodput": "kept", "recompute": "lost to rollback", "skipped_replayed": "skipped / replayed"}
+        traces.append({"type": "scatter", "mode": "markers", "name": "outside the axis (clipped)",
+                       "x": [e.step for e in outside], "y": [edge(e.loss) for e in outside],
+                       "customdata": [[e.loss, labels.get(e.label, e.label)] for e in outside],
+                       "marker": {"color": "#e377c2", "size": 11, "line": {"width": 1, "color": "#222"},
+                                  "symbol": ["triangle-up" if e.loss > hi else "triangle-down" for e in outside]},
+                       "hovertemplate": "step %{x}: loss %{customdata[0]:.4g} (%{customdata[1]}), outside the axis"
+                                        "<extra></extra>"})
+        layout_y["range"] = [lo - 2 * pad, hi + 2 * pad]
+        listed = ", ".join(f"step {e.step}: {e.loss:.4g}" for e in outside[:4]) + (" …" if len(outside) > 4 else "")
+        notes.append({"xref": "paper", "yref": "paper", "x": 0.99, "y": 0.99, "xanchor": "right", "yanchor": "top",
+                      "showarrow": False, "text": f"outside the axis: {listed}", "font": {"size": 11, "color": "#a21caf"},
+                      "bgcolor": "rgba(255,255,255,0.8)"})
     bad = [e for e in ex if not math.isfinite(e.loss)]  # type: ignore[arg-type]
     if bad:
+        y_bad = layout_y["range"][1] if "range" in layout_y else top
         traces.append({"type": "scatter", "mode": "markers", "name": "non-finite loss", "x": [e.step for e in bad],
-                       "y": [top] * len(bad), "marker": {"color": "#d62728", "size": 11, "symbol": "triangle-down"},
+                       "y": [y_bad] * len(bad), "marker": {"color": "#d62728", "size": 11, "symbol": "triangle-down"},
                        "hovertemplate": "step %{x}: loss not finite<extra></extra>"})
     return {"data": traces, "layout": _layout("Loss (skipped and replayed steps marked)", height=360,
                                               xaxis={"title": {"text": "step"}, "zeroline": False},
-                                              yaxis={"title": {"text": "loss"}})}
+                                              yaxis=layout_y, annotations=notes)}
+
+
+def _loss_window(kept: list[float]) -> tuple[float, float]:
+    """The loss range the axis shows: the kept curve's span and half of it again each side.
+    A value outside (a skipped 50x spike) is clipped to the edge and marked, so one outlier
+    cannot flatten the curve."""
+    if not kept:
+        return -math.inf, math.inf
+    a, b = min(kept), max(kept)
+    span = (b - a) or (abs(b) * 0.1) or 1.0
+    return a - 0.5 * span, b + 0.5 * span
 
 
 def _step_time(d: RunData) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
@@ -192,16 +258,21 @@ def _telemetry(d: RunData) -> tuple[dict[str, Any] | None, dict[str, Any]]:
         return None, tel
     names = list(tel["series"]) or ["alerts"]
     n = len(names)
-    gap = 0.04 / max(n, 1)
     layout_axes: dict[str, Any] = {}
     traces: list[dict[str, Any]] = []
-    # Small multiples: one y-axis per series (bytes next to ratios would flatten the ratios).
+    notes: list[dict[str, Any]] = []
+    # Small multiples: one y-axis per series (bytes next to ratios would flatten the ratios),
+    # each named by a horizontal label above its panel (rotated axis titles of short panels
+    # run into each other).
+    inner = n * (_PANEL_PX + _PANEL_LABEL_PX)
     for i, name in enumerate(names):
         ax = "y" if i == 0 else f"y{i + 1}"
-        hi = 1 - i / n
+        top = 1 - (i * (_PANEL_PX + _PANEL_LABEL_PX) + _PANEL_LABEL_PX) / inner
         layout_axes["yaxis" if i == 0 else f"yaxis{i + 1}"] = {
-            "domain": [max(0.0, hi - 1 / n + gap), hi], "title": {"text": name.split(": ", 1)[-1][:28], "font": {"size": 10}},
-            "automargin": True}
+            "domain": [max(0.0, top - _PANEL_PX / inner), top], "automargin": True, "nticks": 4,
+            "tickfont": {"size": 10}}
+        notes.append({"xref": "paper", "yref": "paper", "x": 0, "y": top, "xanchor": "left", "yanchor": "bottom",
+                      "showarrow": False, "text": name, "font": {"size": 11, "color": "#333"}})
         if name in tel["series"]:
             ser = tel["series"][name]
             traces.append({"type": "scatter", "mode": "lines+markers", "name": name, "x": ser["x"], "y": ser["y"],
@@ -220,8 +291,9 @@ def _telemetry(d: RunData) -> tuple[dict[str, Any] | None, dict[str, Any]]:
         shapes.append({"type": "line", "xref": "x", "yref": "paper", "x0": x, "x1": x, "y0": 0, "y1": 1,
                        "line": {"color": "#d62728", "dash": "dash", "width": 1}})
     return ({"data": traces, "layout": _layout("Node telemetry around incidents (agent samples)",
-                                                height=110 + 110 * n, shapes=shapes, **layout_axes,
-                                                xaxis={**_X, "anchor": "y" if n == 1 else f"y{n}"})}, tel)
+                                                height=100 + inner, shapes=shapes, annotations=notes,
+                                                showlegend=False, margin={"l": 70, "r": 20, "t": 40, "b": 55},
+                                                **layout_axes, xaxis={**_X, "anchor": "y" if n == 1 else f"y{n}"})}, tel)
 
 
 def figures(d: RunData) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:

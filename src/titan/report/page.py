@@ -25,13 +25,13 @@ SECTIONS = ("summary", "timeline", "loss", "steptime", "badput", "incidents", "t
 def plotly_js() -> str:
     """The minified Plotly.js bundle shipped inside the ``plotly`` wheel (~4.8 MB).
 
-    Raises ``UserError`` when the ``plotly`` package (extra ``titan[report]``) is missing.
+    Raises ``UserError`` when the ``plotly`` package (extra ``titan-resilience[report]``) is missing.
     """
     try:
         return resources.files("plotly").joinpath("package_data", "plotly.min.js").read_text(encoding="utf-8")
     except (ModuleNotFoundError, FileNotFoundError) as e:
         raise UserError(f"the Plotly.js bundle is not installed ({e})",
-                        "pip install 'titan[report]' (the plotly package ships plotly.min.js)") from None
+                        "pip install 'titan-resilience[report]' (the plotly package ships plotly.min.js)") from None
 
 
 def _clean(o: Any) -> Any:
@@ -53,7 +53,8 @@ def _json_for_script(obj: Any) -> str:
 _CSS = """
 body{font-family:system-ui,-apple-system,'Segoe UI',Roboto,sans-serif;margin:0;color:#222;background:#f4f5f7}
 header{background:#1f2937;color:#fff;padding:14px 24px}header h1{margin:0;font-size:20px}
-header .sub{opacity:.8;font-size:13px;margin-top:4px}
+header .sub{opacity:.8;font-size:13px;margin-top:4px;overflow-wrap:anywhere}
+header .cmd{font-size:12px;white-space:normal;overflow-wrap:anywhere;word-break:break-word}
 main{padding:10px 24px 40px;max-width:1400px;margin:auto}
 section{background:#fff;border-radius:8px;padding:12px 16px;margin:14px 0;box-shadow:0 1px 2px rgba(0,0,0,.08)}
 h2{font-size:16px;margin:4px 0 10px}
@@ -67,18 +68,19 @@ td.n,th.n{text-align:right;font-variant-numeric:tabular-nums}.note{color:#666;fo
 
 
 def _cards(d: RunData, s: dict[str, Any]) -> str:
+    from titan.sla.figures import run_figures
+
     a = d.acc
-    restarts = [i for i in a.incidents if i.kind in ("restart", "fatal")]
-    rtos = [i.rto_s for i in restarts if i.rto_s is not None]
+    f = run_figures(a)  # the same figures `titan drill` prints for this run
     ok = bool(a.outcome.get("succeeded"))
     items = [
         ("outcome", f"<span class='{'ok' if ok else 'bad'}'>{'succeeded' if ok else 'failed'}</span>"),
-        ("wall time", fmt_s(a.wall_s)), ("goodput", f"{a.goodput_fraction:.1%}"),
-        ("interruptions", str(len(restarts))), ("incidents (all)", str(len(a.incidents))),
-        ("worst RTO", fmt_s(max(rtos)) if rtos else "—"),
-        ("steps lost (RPO, total)", str(sum(i.rpo_steps for i in restarts))),
+        ("wall time", fmt_s(f.wall_s)), ("goodput", f"{f.goodput_fraction:.1%}"),
+        ("interruptions", str(f.interruptions)), ("incidents (all)", str(f.incidents)),
+        ("worst RTO", fmt_s(f.worst_rto_s)),
+        ("steps lost (RPO, total)", str(f.steps_lost)), ("steps skipped", str(f.steps_skipped)),
         ("ranks / attempts", f"{len(d.ranks)} / {len(s['attempts'])}"),
-        ("last step", str(s["steps"]["last_step"])),
+        ("last step", str(f.last_step)),
     ]
     return "<div class='cards'>" + "".join(
         f"<div class='card'><div class='v'>{v}</div><div class='k'>{html.escape(k)}</div></div>" for k, v in items) + "</div>"
@@ -107,16 +109,25 @@ def _incident_table(d: RunData) -> str:
         return "<p class='note'>No incidents: no fault, restart, skipped or replayed step.</p>"
     head = ("<tr><th>#</th><th>kind</th><th>onset</th><th>onset source</th><th>detected by</th><th>rank</th>"
             "<th>step</th><th class='n'>detection</th><th class='n'>RTO</th><th class='n'>RPO steps</th>"
-            "<th class='n'>RPO time</th><th>resumed from</th></tr>")
+            "<th class='n'>RPO time</th><th class='n'>skipped</th><th>resumed from</th></tr>")
     rows = "".join(
         f"<tr><td>{i.index}</td><td>{i.kind}</td><td>+{i.onset_t - a.t0:.2f} s ({utc_iso(i.onset_t)[11:23]})</td>"
         f"<td>{html.escape(i.onset_source)}</td><td>{html.escape(i.detect_kind)}</td>"
-        f"<td>{'' if i.rank is None else i.rank}</td><td>{'' if i.step is None else i.step}</td>"
+        f"<td>{_rank_text(i)}</td><td>{'' if i.step is None else i.step}</td>"
         f"<td class='n'>{fmt_s(i.detection_s)}</td><td class='n'>{fmt_s(i.rto_s)}</td><td class='n'>{i.rpo_steps}</td>"
-        f"<td class='n'>{fmt_s(i.rpo_s)}</td><td>{'' if i.resumed_from is None else i.resumed_from}</td></tr>"
+        f"<td class='n'>{fmt_s(i.rpo_s)}</td><td class='n'>{i.skipped_steps}</td>"
+        f"<td>{'' if i.resumed_from is None else i.resumed_from}</td></tr>"
         for i in a.incidents)
-    return (f"<table id='incident-table'>{head}{rows}</table><p class='note'>RTO: fault onset (injection, or the "
-            "last progress beacon) to the first kept step after recovery. RPO: steps whose results were lost.</p>")
+    return (f"<table id='incident-table'>{head}{rows}</table><p class='note'>Step: the step the fault struck. "
+            "Rank: the culprit the evidence names. RTO: fault onset (injection, or the last progress beacon) to "
+            "the first kept step after recovery. RPO: steps whose results were lost and recomputed; skipped: "
+            "updates the guard dropped (not recomputed).</p>")
+
+
+def _rank_text(i: Any) -> str:
+    if i.rank is not None:
+        return str(i.rank)
+    return ", ".join(map(str, i.ranks))
 
 
 def _triage(d: RunData) -> str:
@@ -138,6 +149,22 @@ def _command(c: Any) -> str:
     if isinstance(c, list):
         return " ".join(map(str, c))
     return str(c or "—")
+
+
+#: Characters of the command the header shows; a longer one ends at a word boundary with
+#: "…" and the whole command is in the tooltip.
+_COMMAND_CHARS = 300
+
+
+def _command_html(c: Any) -> str:
+    """The run's command for the header: whole words only (never cut inside one, never
+    inside an HTML entity), the full text as ``title``; long tokens wrap (CSS)."""
+    full = _command(c)
+    shown = full
+    if len(full) > _COMMAND_CHARS:
+        cut = full.rfind(" ", 0, _COMMAND_CHARS + 1)
+        shown = (full[:cut] if cut > 0 else full[:_COMMAND_CHARS]) + " …"
+    return f"<code class='cmd' title='{html.escape(full, quote=True)}'>{html.escape(shown)}</code>"
 
 
 def _plain(v: Any) -> str:
@@ -172,7 +199,7 @@ def render_page(d: RunData, figs: dict[str, dict[str, Any]], tel: dict[str, Any]
     body = f"""
 <header><h1>Titan run report — {html.escape(d.rd.run_id)}</h1>
 <div class='sub'>{utc_iso(a.t0)} → {utc_iso(a.t1)} · {len(summary['attempts'])} attempt(s) · {len(d.events)} events ·
-command: {html.escape(_command(d.run_json.get('command')))[:300]}</div></header>
+command: {_command_html(d.run_json.get('command'))}</div></header>
 <main>
 <section id='summary'><h2>Summary</h2>{_cards(d, summary)}</section>
 <section id='timeline'><h2>Timeline of every rank</h2>{fig('fig-timeline', '')}

@@ -24,11 +24,17 @@ def fmt_s(x: float | None) -> str:
 
 def summary_dict(d: RunData) -> dict[str, Any]:
     """``summary.json``: the accounting plus run facts, triage and what could not be read."""
+    from titan.sla.figures import run_figures
+
     out = d.acc.to_dict()
     out.update({
+        "figures": run_figures(d.acc).to_dict(),
         "run_id": d.rd.run_id, "started": utc_iso(d.acc.t0), "ended": utc_iso(d.acc.t1), "ranks": d.ranks,
         "command": d.run_json.get("command"), "triage": d.triage, "read_problems": d.problems,
         "events": len(d.events),
+        "restart_storms": [dict(e.data, t=e.t) for e in d.events if e.kind == "launcher.restart_storm"],
+        "capabilities_off": sorted({k for e in d.events if e.kind == "launcher.capabilities"
+                                    for k in e.data.get("off") or []}),
     })
     return out
 
@@ -41,22 +47,30 @@ def summary_markdown(d: RunData) -> str:
            f"- outcome: **{'succeeded' if a.outcome.get('succeeded') else 'failed'}** ({a.outcome.get('source')})",
            f"- wall time: {fmt_s(a.wall_s)} ({utc_iso(a.t0)} → {utc_iso(a.t1)}), ranks: {len(d.ranks)}, "
            f"attempts: {len(s['attempts'])}, last step: {s['steps']['last_step']}",
-           f"- goodput: **{a.goodput_fraction:.1%}**; interruptions: {s['interruptions']}",
+           f"- goodput: **{a.goodput_fraction:.1%}**; interruptions: {s['interruptions']}; worst RTO "
+           f"{fmt_s(s['figures']['worst_rto_s'])}; steps lost {s['figures']['steps_lost']}, skipped "
+           f"{s['figures']['steps_skipped']}",
            f"- reconciliation: buckets sum {a.reconciliation['sum_s']:.3f} s vs {a.reconciliation['reference']} "
            f"{a.reconciliation.get('recorded_wall_s', a.reconciliation['wall_s']):.3f} s "
-           f"(error {a.reconciliation['error_fraction']:.3%})", "",
+           f"(error {a.reconciliation['error_fraction']:.3%})",
+           *[f"- restart storm: {st.get('restarts')} restarts within {st.get('window_s')} s "
+             f"({'; '.join(st.get('causes') or []) or 'causes unknown'})" for st in s["restart_storms"]],
+           *([f"- capabilities off in this run: {', '.join(s['capabilities_off'])}"] if s["capabilities_off"] else []),
+           "",
            "## Goodput and badput", "", "| cause | seconds | share | meaning |", "|---|---:|---:|---|"]
     for k in BUCKETS:
         v = a.buckets[k]
         out.append(f"| {k} | {v:.3f} | {v / a.wall_s if a.wall_s else 0:.1%} | {BUCKET_DOC[k]} |")
     out += ["", "## Incidents", ""]
     if a.incidents:
-        out += ["| # | kind | onset (source) | detected by | rank | step | detection | RTO | RPO steps | RPO time |",
-                "|---|---|---|---|---|---|---:|---:|---:|---:|"]
+        out += ["| # | kind | onset (source) | detected by | rank | step | detection | RTO | RPO steps | RPO time | skipped |",
+                "|---|---|---|---|---|---|---:|---:|---:|---:|---:|"]
         for i in a.incidents:
+            rank = str(i.rank) if i.rank is not None else ", ".join(map(str, i.ranks))
             out.append(f"| {i.index} | {i.kind} | +{i.onset_t - a.t0:.2f} s ({i.onset_source}) | {i.detect_kind} | "
-                       f"{'' if i.rank is None else i.rank} | {'' if i.step is None else i.step} | "
-                       f"{fmt_s(i.detection_s)} | {fmt_s(i.rto_s)} | {i.rpo_steps} | {fmt_s(i.rpo_s)} |")
+                       f"{rank} | {'' if i.step is None else i.step} | "
+                       f"{fmt_s(i.detection_s)} | {fmt_s(i.rto_s)} | {i.rpo_steps} | {fmt_s(i.rpo_s)} | "
+                       f"{i.skipped_steps} |")
     else:
         out.append("None.")
     if d.triage is not None:

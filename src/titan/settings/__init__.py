@@ -21,9 +21,10 @@ from titan.settings.run import RunConfig  # noqa: E402
 from titan.settings.sdc import SDCConfig  # noqa: E402
 from titan.settings.tracing import TracingConfig  # noqa: E402
 from titan.settings.triage import TriageConfig  # noqa: E402
+from titan.settings.warm import WarmConfig  # noqa: E402
 from titan.settings.watchdog import WatchdogConfig  # noqa: E402
 
 __all__ = [
-    "AgentConfig", "CheckpointConfig", "DistConfig", "EventsConfig", "GuardConfig", "RunConfig", "SDCConfig", "SECTIONS", "TracingConfig", "TriageConfig", "Settings", "coerce", "env_var_table",
+    "AgentConfig", "CheckpointConfig", "DistConfig", "EventsConfig", "GuardConfig", "RunConfig", "SDCConfig", "SECTIONS", "TracingConfig", "TriageConfig", "WarmConfig", "Settings", "coerce", "env_var_table",
     "load_settings", "register_check", "register_section", "require", "settings_from_json",
 ]

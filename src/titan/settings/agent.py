@@ -22,7 +22,7 @@ class AgentConfig:
     action of an Xid code (``{"79" = "log_only"}``).
     """
 
-    interval_s: float = 1.0
+    interval_s: float = dataclasses.field(default=1.0, metadata={"range": (0.01, 3600)})
     collectors: tuple[str, ...] = _COLLECTORS
     prometheus_port: int = 0
     prometheus_addr: str = "127.0.0.1"
@@ -34,10 +34,14 @@ class AgentConfig:
     probe_host: str = ""
     probe_timeout_s: float = 1.0
     probe_window: int = 300
+    #: Seconds between two pings of every peer, from the probe's own thread (0: one per tick).
+    probe_interval_s: float = 0.2
     ipmi_every_s: float = 30.0
     net_window_s: float = 60.0
     net_min_packets: int = 1000
     rules: dict[str, Any] = dataclasses.field(default_factory=dict)
+    #: The seconds-scale detectors (host_pressure, net_link_*; titan.monitor.transient).
+    fast_detectors: bool = True
     xid_actions: dict[str, str] = dataclasses.field(default_factory=dict)
     baseline_metrics: tuple[str, ...] = (
         "net_probe_rtt_seconds", "disk_read_latency_seconds", "disk_write_latency_seconds",
@@ -66,6 +70,8 @@ class AgentConfig:
         require(self.full_sample_every >= 1, "full_sample_every must be >= 1", "use e.g. 60")
         require(self.probe_timeout_s > 0 and self.probe_window >= 10, "probe_timeout_s must be > 0 and probe_window >= 10",
                 "e.g. probe_timeout_s = 1.0, probe_window = 300")
+        require(self.probe_interval_s == 0 or 0.01 <= self.probe_interval_s <= 60,
+                "probe_interval_s must be 0 (one ping per tick) or within 0.01 … 60 s", "e.g. probe_interval_s = 0.2")
         require(self.baseline_z > 0 and self.peer_z > 0, "baseline_z and peer_z must be > 0", "use e.g. 3.0")
         require(self.baseline_window_s >= self.baseline_warmup_s > 0,
                 "baseline_window_s must be >= baseline_warmup_s > 0", "e.g. 3600 and 300")

@@ -15,7 +15,9 @@ class CheckpointConfig:
     """When and how checkpoints are saved, kept and loaded.
 
     ``every_steps`` is the disk interval (0 = only explicit saves, SIGTERM and close);
-    ``snapshot_every_steps`` the in-memory (``/dev/shm``) interval (0 = off). ``mode`` is
+    ``snapshot_every_steps`` the interval of the per-step in-memory tier (``/dev/shm``, crash
+    recovery: a restarted rank resumes from the last step; 0 = off). SDC's verified
+    snapshots are a second tier, taken when its replicas agree. ``mode`` is
     ``async`` (training blocks only while state is copied; the write runs in a background
     thread on its own process group) or ``sync``. Retention keeps the newest ``keep_last``
     plus every step that is a multiple of ``keep_every`` (0 = none extra).
@@ -31,13 +33,32 @@ class CheckpointConfig:
     verify_on_load: bool = True
     #: On SIGTERM finish the current step, save and exit with ExitCode.PREEMPTED.
     save_on_sigterm: bool = True
-    #: In-memory snapshot interval in steps (0 = off) and its directory.
+    #: Per-step in-memory tier for crash recovery: interval in steps (0 = off; 1: a restart
+    #: loses at most one step) and directory. Never the source of a rollback after a
+    #: suspected corruption while SDC is on.
     snapshot_every_steps: int = 0
     snapshot_dir: str = "/dev/shm/titan"
+    #: The per-step tier turns itself off (and says so) when its two slots would take more
+    #: than this fraction of the snapshot file system.
+    snapshot_max_fraction: float = dataclasses.field(default=0.5, metadata={"range": (0.01, 1.0)})
     #: Bound on waiting for an in-flight background save (reported as ``ckpt.failed``).
     wait_timeout_s: float = 600.0
     #: fsync every file and directory (off only for benchmarks on throwaway data).
     fsync: bool = True
+    #: When every checkpoint is corrupt, train again from step 0 (event + final line) instead
+    #: of stopping with GAVE_UP.
+    allow_fresh_start: bool = False
+    #: Copies of every node's shards on a buddy node (node-local storage: docs/checkpoint.md):
+    #: ``auto`` (on disk, only when the checkpoint folder is not shared by every node),
+    #: ``disk`` / ``memory`` (the buddy's local disk or its ``titan run``'s memory, whenever the
+    #: folder is node-local), ``off`` (a multi-node job on node-local storage is then refused).
+    replicate: str = "auto"
+    #: Bound on one replication or fetch request (connect, send, the buddy's write).
+    replica_timeout_s: float = 120.0
+    #: Node-local storage: every K-th committed checkpoint is also copied to ``persist_dir``
+    #: (a shared folder or an fsspec URL), which every node can restore from (0 = off).
+    persist_every_steps: int = 0
+    persist_dir: str = ""
 
     def __post_init__(self) -> None:
         require(self.every_steps >= 0, "every_steps must be >= 0", "use 0 (explicit saves only) or a step count")
@@ -46,3 +67,10 @@ class CheckpointConfig:
         require(self.keep_every >= 0, "keep_every must be >= 0", "use 0 (off) or a step multiple, e.g. 1000")
         require(self.snapshot_every_steps >= 0, "snapshot_every_steps must be >= 0", "use 0 (off) or a step count")
         require(self.wait_timeout_s > 0, "wait_timeout_s must be > 0", "use seconds, e.g. 600")
+        require(self.replicate in ("auto", "disk", "memory", "off"), f"unknown checkpoint.replicate {self.replicate!r}",
+                "use auto (default), disk, memory or off")
+        require(self.replica_timeout_s > 0, "replica_timeout_s must be > 0", "use seconds, e.g. 120")
+        require(self.persist_every_steps >= 0, "persist_every_steps must be >= 0", "use 0 (off) or a step count")
+        require(not self.persist_every_steps or bool(self.persist_dir),
+                "checkpoint.persist_every_steps needs checkpoint.persist_dir",
+                "give a shared folder or an fsspec URL, e.g. --set checkpoint.persist_dir=/shared/exp42")

@@ -8,8 +8,10 @@ registered section and checks cross-section invariants (the timeout hierarchy).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
+import math
 import os
 import sys
 import types
@@ -27,7 +29,7 @@ else:  # pragma: no cover - exercised on 3.10 only
 
 __all__ = [
     "SECTIONS", "Settings", "register_section", "load_settings", "env_var_table",
-    "field_env_var", "coerce", "settings_from_json", "require",
+    "field_env_var", "coerce", "settings_from_json", "require", "check_numbers", "fmt_number", "MAX_SECONDS", "MAX_NUMBER",
 ]
 
 log = logging.getLogger(__name__)
@@ -36,11 +38,70 @@ SECTIONS: dict[str, type] = {}
 _CROSS_CHECKS: list[Callable[["Settings"], None]] = []
 
 
+#: Upper bound of every duration setting (``*_s``): 30 days. Larger values are typos, and
+#: some (``inf``, ``1e15``) overflow ``timedelta``/``int`` conversions deep in torch.
+MAX_SECONDS = 30 * 86400.0
+#: Bound on the magnitude of every other number in a settings section.
+MAX_NUMBER = 1e9
+
+
+def _range_of(f: dataclasses.Field) -> tuple[float, float]:
+    if "range" in f.metadata:
+        lo, hi = f.metadata["range"]
+        return float(lo), float(hi)
+    if f.name.endswith("_s"):
+        return 0.0, MAX_SECONDS
+    return -MAX_NUMBER, MAX_NUMBER
+
+
+def fmt_number(x: float) -> str:
+    """``1,000,000`` for whole numbers, ``1e+15``/``0.25`` otherwise (ranges in hints)."""
+    return f"{int(x):,}" if float(x).is_integer() and abs(x) < 1e15 else f"{x:g}"
+
+
+def check_numbers(section: Any) -> None:
+    """Refuse a non-finite or out-of-range number in any field of a settings section.
+
+    Every ``float``/``int`` field must be finite and within its range: ``metadata={"range":
+    (lo, hi)}`` when the field gives one, else 0 … ``MAX_SECONDS`` for durations (``*_s``)
+    and ± ``MAX_NUMBER`` for the rest. Runs before the section's own ``__post_init__``
+    checks (``register_section`` arranges it). Raises ``UserError`` with the range in the hint.
+    """
+    hints = _hints(type(section))
+    for f in dataclasses.fields(section):
+        value = getattr(section, f.name)
+        base, _ = _unwrap_optional(hints.get(f.name))
+        if value is None or isinstance(value, bool) or base not in (int, float):
+            continue
+        if not isinstance(value, (int, float)):
+            continue
+        lo, hi = _range_of(f)
+        unit = " seconds" + (" (30 days)" if hi == MAX_SECONDS else "") if f.name.endswith("_s") else ""
+        hint = f"give {f.name} within {fmt_number(lo)} … {fmt_number(hi)}{unit}"
+        if isinstance(value, float) and not math.isfinite(value):
+            raise UserError(f"{f.name} = {value} is not a finite number", hint)
+        if not lo <= value <= hi:
+            raise UserError(f"{f.name} = {fmt_number(value)} is out of range", hint)
+
+
 def register_section(name: str) -> Callable[[type], type]:
-    """Class decorator: register a dataclass as settings section ``name``."""
+    """Class decorator: register a dataclass as settings section ``name``.
+
+    The section's ``__post_init__`` is wrapped so that ``check_numbers`` runs first: no
+    section can forget to refuse ``nan``, ``inf`` or an absurd magnitude.
+    """
 
     def deco(cls: type) -> type:
         assert dataclasses.is_dataclass(cls), cls
+        own = cls.__dict__.get("__post_init__")
+        assert own is not None, f"settings section {name} needs a __post_init__ (validation)"
+
+        def __post_init__(self: Any) -> None:
+            check_numbers(self)
+            own(self)
+
+        __post_init__.__doc__ = own.__doc__
+        cls.__post_init__ = __post_init__  # type: ignore[attr-defined]
         SECTIONS[name] = cls
         return cls
 
@@ -150,18 +211,18 @@ def coerce(tp: Any, value: Any, where: str) -> Any:
     return value
 
 
+@functools.lru_cache(maxsize=None)
 def _hints(cls: type) -> dict[str, Any]:
     return typing.get_type_hints(cls)
 
 
 def _read_file(path: Path) -> dict[str, Any]:
+    from titan.inputs import read_text_file
+
+    text = read_text_file(path, "settings file", "check the path given to --config or TITAN_CONFIG")
     try:
-        raw = path.read_bytes()
-    except OSError as e:
-        raise UserError(f"cannot read settings file {path}: {e.strerror or e}", "check the path given to --config or TITAN_CONFIG") from None
-    try:
-        data = tomllib.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
         raise UserError(f"settings file {path} is not valid TOML: {e}", "fix the file; see docs/settings.md for its format") from None
     return data
 

@@ -18,7 +18,9 @@ component; any CLI verb that takes settings accepts `--set section.field=value` 
 `titan run` resolves the settings once and hands them to every worker as JSON
 (`TITAN_SETTINGS_JSON`), so all ranks use exactly the launcher's values. Durations are
 seconds (`*_s`). A bad key, type or value, or an impossible combination (the timeout
-hierarchy, see `failure-model.md`), stops the command with one line and exit code 2.
+hierarchy, see `failure-model.md`), stops the command with one line and exit code 2. Every
+number must be finite (`nan`, `inf` are refused) and within its range: durations 0 … 2,592,000 s
+(30 days), other numbers ± 1e9, unless a setting states a narrower range (the hint names it).
 
 ```toml
 [run]

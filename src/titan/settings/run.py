@@ -22,7 +22,8 @@ class RunConfig:
     runs_dir: str = "runs"
     node_id: str | None = dataclasses.field(default=None, metadata={"env": TITAN_NODE_ID})
     max_restarts: int = 3
-    monitor_interval_s: float = 0.1
+    #: Polling intervals are bounded below: a near-zero one spins a core.
+    monitor_interval_s: float = dataclasses.field(default=0.1, metadata={"range": (0.01, 60)})
     rdzv_last_call_timeout_s: float = 3.0
     rdzv_keep_alive_interval_s: float = 1.0
     rdzv_keep_alive_max_attempt: int = 3
@@ -39,6 +40,18 @@ class RunConfig:
         require(self.rdzv_keep_alive_interval_s > 0 and self.rdzv_keep_alive_max_attempt >= 1,
                 "rendezvous keep-alive must be positive", "use keep_alive_interval_s=1, max_attempt=3")
         require(self.rdzv_join_timeout_s > 0, "rdzv_join_timeout_s must be > 0", "use e.g. 600")
+        # A dead node is dropped from the rendezvous after the heartbeat; if that took longer
+        # than joining may take, the re-rendezvous after a node loss would always time out.
+        require(self.rdzv_heartbeat_s < self.rdzv_join_timeout_s,
+                f"timeout hierarchy violated: the rendezvous heartbeat rdzv_keep_alive_interval_s × "
+                f"rdzv_keep_alive_max_attempt ({self.rdzv_keep_alive_interval_s:g} × {self.rdzv_keep_alive_max_attempt} = "
+                f"{self.rdzv_heartbeat_s:g} s) must be < rdzv_join_timeout_s ({self.rdzv_join_timeout_s:g} s)",
+                "lower run.rdzv_keep_alive_interval_s (default 1) or run.rdzv_keep_alive_max_attempt (default 3); "
+                "see docs/failure-model.md")
+        if self.node_id is not None:
+            from titan.inputs import check_id  # ids name files: refuse '/', escapes, …
+
+            check_id(self.node_id, "node id (run.node_id)")
 
     @property
     def rdzv_heartbeat_s(self) -> float:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from titan.settings.core import register_check, register_section, require
+from titan.settings.core import register_section, require
 
 __all__ = ["SDCConfig"]
 
@@ -13,9 +13,11 @@ __all__ = ["SDCConfig"]
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class SDCConfig:
     """Cross-replica fingerprints every ``every_steps`` and a GEMM canary every
-    ``canary_every_steps``. A round that agrees takes the in-memory snapshot (so every
-    snapshot is verified) when ``snapshot_on_agree``; a mismatch rolls back to it and
-    replays, so the replay after a corruption is at most ``every_steps`` steps."""
+    ``canary_every_steps``. A round that agrees takes the verified in-memory snapshot when
+    ``snapshot_on_agree``; a mismatch rolls back to it and replays, so the replay after a
+    corruption is at most ``every_steps`` steps. The per-step tier
+    (``checkpoint.snapshot_every_steps``) is a separate, unverified tier for crash recovery:
+    a rollback after a suspected corruption never uses it, so its cadence is free."""
 
     enabled: bool = True
     every_steps: int = 50
@@ -36,13 +38,3 @@ class SDCConfig:
         require(self.hash in ("auto", "xxhash", "checksum"), f"unknown sdc.hash {self.hash!r}", "use auto, xxhash or checksum")
         require(self.canary_size >= 8, "sdc.canary_size must be >= 8", "e.g. 128")
         require(self.escalate_window_steps >= 1, "sdc.escalate_window_steps must be >= 1", "e.g. 1000")
-
-
-@register_check
-def _snapshots_are_verified(s) -> None:  # noqa: ANN001 - Settings
-    # A snapshot taken between two rounds may hold corrupted state; refuse such cadences.
-    if hasattr(s, "checkpoint") and s.sdc.enabled and s.checkpoint.snapshot_every_steps:
-        require(s.checkpoint.snapshot_every_steps % s.sdc.every_steps == 0,
-                f"checkpoint.snapshot_every_steps ({s.checkpoint.snapshot_every_steps}) must be a multiple of "
-                f"sdc.every_steps ({s.sdc.every_steps}): a snapshot between rounds is unverified",
-                "set checkpoint.snapshot_every_steps = 0 (SDC takes verified snapshots itself) or a multiple")

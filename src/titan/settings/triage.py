@@ -6,7 +6,10 @@ import dataclasses
 
 from titan.settings.core import register_section, require
 
-__all__ = ["TriageConfig"]
+__all__ = ["TriageConfig", "MAX_JOBS"]
+
+#: More scanner processes than this only add start-up cost.
+MAX_JOBS = 64
 
 
 @register_section("triage")
@@ -19,9 +22,8 @@ class TriageConfig:
     window_s: float = 30.0
     skew_s: float = 2.0
     rules_file: str = ""
-    jobs: int = 0
+    jobs: int = dataclasses.field(default=0, metadata={"range": (0, MAX_JOBS)})
 
     def __post_init__(self) -> None:
         require(self.window_s > 0, "triage.window_s must be > 0", "use e.g. 30")
         require(self.skew_s >= 0, "triage.skew_s must be >= 0", "use e.g. 2")
-        require(self.jobs >= 0, "triage.jobs must be >= 0", "use 0 for automatic")

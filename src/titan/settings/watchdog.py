@@ -27,7 +27,7 @@ class WatchdogConfig:
     """
 
     enabled: bool = True
-    poll_interval_s: float = 0.1
+    poll_interval_s: float = dataclasses.field(default=0.1, metadata={"range": (0.01, 60)})
     floor_s: float = 4.0
     factor: float = 3.0
     percentile: float = 99.0
@@ -53,10 +53,19 @@ class WatchdogConfig:
     straggler_mad_k: float = 3.0
     straggler_persist: int = 2
     straggler_strike_after: int = 3
-    # restart policy
+    # restart policy (decided by `titan run` from the run directory's events: titan.launch.restarts)
     restart_backoff_s: float = 1.0
     restart_backoff_max_s: float = 30.0
+    #: Give up when this many restarts in a row brought no new step and no new checkpoint.
     giveup_restarts: int = 3
+    #: Give up when this many attempts in a row failed with the same root cause at the same
+    #: step (a deterministic failure); one more when only the exit code is known.
+    giveup_same_failure: int = 2
+    #: Scripts that report no steps: an attempt that ran this long counts as progress.
+    giveup_min_uptime_s: float = 60.0
+    #: A restart storm: this many restarts within ``storm_window_s``.
+    storm_restarts: int = 5
+    storm_window_s: float = 60.0
     # node ledger
     ledger_path: str = ""
     strike_limit: int = 3
@@ -84,6 +93,11 @@ class WatchdogConfig:
         require(self.restart_backoff_s >= 0 and self.restart_backoff_max_s >= self.restart_backoff_s,
                 "need 0 <= restart_backoff_s <= restart_backoff_max_s", "e.g. 1 and 30")
         require(self.giveup_restarts >= 1, "giveup_restarts must be >= 1", "use e.g. 3")
+        require(self.giveup_same_failure >= 2, "giveup_same_failure must be >= 2",
+                "a failure is deterministic only once a retry reproduced it; use e.g. 2")
+        require(self.giveup_min_uptime_s > 0, "giveup_min_uptime_s must be > 0", "use e.g. 60")
+        require(self.storm_restarts >= 2 and self.storm_window_s > 0,
+                "need storm_restarts >= 2 and storm_window_s > 0", "e.g. 5 restarts within 60 s")
         require(self.strike_limit >= 1 and self.strike_window_s > 0, "strike_limit >= 1 and strike_window_s > 0",
                 "e.g. 3 strikes per 86400 s")
 
@@ -105,6 +119,14 @@ def _watchdog_below_pg(s) -> None:  # noqa: ANN001 - Settings (import cycle)
               f"{s.run.rdzv_keep_alive_interval_s:g}×{s.run.rdzv_keep_alive_max_attempt} = {s.run.rdzv_heartbeat_s:g} s)")
     for name, value in (("ceiling_s", w.ceiling_s), ("checkpoint_budget_s", w.checkpoint_budget_s)):
         require(value < pg,
+                f"timeout hierarchy violated: watchdog.{name} ({value:g}) must be < dist.pg_timeout_s ({pg:g}){hb}",
+                f"lower watchdog.{name} or raise dist.pg_timeout_s (docs/failure-model.md)")
+    # A value set on purpose that the ceiling would silently cut is refused (defaults adapt:
+    # their effective value is min(value, ceiling), docs/failure-model.md). The launcher's
+    # JSON hand-over to the workers was validated by the launcher already.
+    for name in ("warmup_timeout_s", "idle_timeout_s"):
+        value, src = getattr(w, name), s.sources.get(f"watchdog.{name}")
+        require(src in (None, "launcher") or value < pg,
                 f"timeout hierarchy violated: watchdog.{name} ({value:g}) must be < dist.pg_timeout_s ({pg:g}){hb}",
                 f"lower watchdog.{name} or raise dist.pg_timeout_s (docs/failure-model.md)")
     require(w.floor_s <= w.ceiling_s, f"watchdog.floor_s ({w.floor_s:g}) must be <= watchdog.ceiling_s ({w.ceiling_s:g})",

@@ -49,7 +49,7 @@ BUCKET_DOC: dict[str, str] = {
     "skipped_replayed": "steps whose update the guard skipped, or that it replayed",
     "shutdown": "after the last step (final checkpoint, exit) or after a final failure",
 }
-_OVERLAY_PRIORITY = ("ckpt_stall", "eval", "skipped_replayed")
+_OVERLAY_PRIORITY = ("ckpt_stall", "eval", "skipped_replayed", "restart")
 
 
 @dataclasses.dataclass
@@ -68,6 +68,9 @@ class Accounting:
     outcome: dict[str, Any]
     overhead: dict[str, Any]
     step_time_sum_kept_s: float
+    #: event counts: ``restarts`` (launcher.restart), ``worker_failures`` (worker.failed),
+    #: ``submissions`` (launcher.started per node)
+    counts: dict[str, int] = dataclasses.field(default_factory=dict)
 
     @property
     def wall_s(self) -> float:
@@ -94,6 +97,7 @@ class Accounting:
                       "loop_gap_in_goodput_s": self.buckets["goodput"] - self.step_time_sum_kept_s},
             "attempts": sorted({e.attempt for e in self.execs}),
             "interruptions": len(restarts),
+            "counts": dict(self.counts),
             "incidents": [i.to_dict() for i in self.incidents],
         }
 
@@ -137,6 +141,29 @@ def _overlays(events: Sequence[Event]) -> dict[str, list[tuple[float, float]]]:
             if d and d > 0:
                 ov["eval"].append((ev.t - d, ev.t))
     return {k: _merge(v) for k, v in ov.items()}
+
+
+def _resubmission_overlay(events: Sequence[Event], execs: Sequence[StepExec]) -> list[tuple[float, float]]:
+    """A resubmitted job (after a preemption, say) numbers its attempts from 0 again, so its
+    first step would span the whole gap — the old job's shutdown, the requeue, the new one's
+    start — as if it were training. The gap, last step before a later ``launcher.started``
+    to the first step's own start after it, is restart time."""
+    out = []
+    seen: set[str] = set()
+    for ev in events:
+        if ev.kind != "launcher.started" or ev.rank is not None:
+            continue
+        if ev.node not in seen:
+            seen.add(ev.node)
+            continue
+        before = [e.t_end for e in execs if e.t_end <= ev.t]
+        after = [e for e in execs if e.t_end > ev.t]
+        if before and after:
+            nxt = min(after, key=lambda e: e.t_end)
+            a, b = max(before), nxt.t_end - nxt.dur
+            if b > a:
+                out.append((a, b))
+    return _merge(out)
 
 
 def _replay_overlay(events: Sequence[Event], execs: Sequence[StepExec]) -> list[tuple[float, float]]:
@@ -277,6 +304,7 @@ def account(events: Sequence[Event], run_json: Mapping[str, Any] | None = None, 
     base = _base_segments(execs, failures, t0, t1, late, first_fail)
     overlays = _overlays(core)
     overlays["skipped_replayed"] = _replay_overlay(core, execs)
+    overlays["restart"] = _resubmission_overlay(core, execs)
     segs = _apply_overlays(base, overlays)
     buckets = {k: 0.0 for k in BUCKETS}
     for a, b, label in segs:
@@ -305,6 +333,9 @@ def account(events: Sequence[Event], run_json: Mapping[str, Any] | None = None, 
         incidents=incidents, reconciliation=rec, outcome=run_outcome(core, run_json, final_failed),
         overhead=overhead or {"measured": False, "note": "no A/B overhead measurement in run.json['overhead']"},
         step_time_sum_kept_s=sum(e.dur for e in execs if e.label == KEPT),
+        counts={"restarts": sum(1 for ev in core if ev.kind == "launcher.restart"),
+                "worker_failures": sum(1 for ev in core if ev.kind == "worker.failed"),
+                "submissions": sum(1 for ev in core if ev.kind == "launcher.started")},
     )
 
 

@@ -23,9 +23,31 @@ from titan.errors import UserError
 from titan.sla.fleetdata import DAY_S, HOUR_S, FleetData
 
 __all__ = [
-    "PlanInput", "PlanResult", "plan", "mtbi_s", "young_interval", "daly_interval",
+    "LIMITS", "PlanInput", "PlanResult", "plan", "mtbi_s", "young_interval", "daly_interval",
     "expected_segment_time", "goodput_exact", "goodput_first_order", "optimal_interval_numeric",
 ]
+
+
+#: The inputs ``plan`` accepts: (lo, hi) per input (``titan plan``'s flags use the same
+#: bounds). Beyond them the model says nothing useful and the arithmetic overflows.
+LIMITS: dict[str, tuple[float, float]] = {
+    "gpus": (1, 10_000_000),
+    "mtbi_h": (0.001, 1_000_000.0),  # job MTBI in hours (3.6 s … 114 years)
+    "rate_per_gpu_hour": (1e-12, 3600.0),  # up to one a GPU-second: a soak drill's rate is far above a fleet's
+    "job_mtbi_s": (1.0, 1e13),  # the job MTBI the two above give at --gpus
+    "ckpt_stall_s": (0.0, 86400.0),
+    "restart_s": (0.0, 86400.0),
+    "interval_s": (1e-3, 365 * 86400.0),
+    "replicas": (1, 10_000),
+    "horizon_days": (0.001, 3650.0),
+}
+
+
+def _within(name: str, value: float, what: str, hint_unit: str = "") -> None:
+    lo, hi = LIMITS[name]
+    if not (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and lo <= value <= hi):
+        raise UserError(f"{what} must be within {lo:g} … {hi:g}{hint_unit}, got {value!r}",
+                        f"give {what} within {lo:g} … {hi:g}{hint_unit}")
 
 
 def mtbi_s(rate_per_gpu_hour: float, gpus: int) -> float:
@@ -46,14 +68,23 @@ def daly_interval(ckpt_s: float, mtbi: float) -> float:
     return math.sqrt(2.0 * ckpt_s * mtbi) * (1.0 + math.sqrt(x) / 3.0 + x / 9.0) - ckpt_s
 
 
+def _log_segment_time(interval_s: float, ckpt_s: float, restart_s: float, mtbi: float) -> float:
+    x = (interval_s + ckpt_s) / mtbi
+    log_expm1 = x + math.log1p(-math.exp(-x)) if x > 1e-3 else math.log(math.expm1(x))
+    return math.log(mtbi) + restart_s / mtbi + log_expm1
+
+
 def expected_segment_time(interval_s: float, ckpt_s: float, restart_s: float, mtbi: float) -> float:
-    """Daly's expected wall time to complete one segment of work plus its checkpoint."""
-    return mtbi * math.exp(restart_s / mtbi) * math.expm1((interval_s + ckpt_s) / mtbi)
+    """Daly's expected wall time to complete one segment of work plus its checkpoint
+    (``inf`` when it exceeds a float: interruptions far more frequent than a segment)."""
+    log_t = _log_segment_time(interval_s, ckpt_s, restart_s, mtbi)
+    return math.exp(log_t) if log_t < 709.0 else math.inf
 
 
 def goodput_exact(interval_s: float, ckpt_s: float, restart_s: float, mtbi: float) -> float:
-    """Expected fraction of wall time spent on work that is kept (exponential failures)."""
-    return interval_s / expected_segment_time(interval_s, ckpt_s, restart_s, mtbi)
+    """Expected fraction of wall time spent on work that is kept (exponential failures);
+    computed in log space, so it underflows to 0 instead of overflowing."""
+    return math.exp(math.log(interval_s) - _log_segment_time(interval_s, ckpt_s, restart_s, mtbi))
 
 
 def goodput_first_order(interval_s: float, ckpt_s: float, restart_s: float, mtbi: float) -> float:
@@ -93,16 +124,20 @@ class PlanInput:
     cost_source: str = "assumption"
 
     def __post_init__(self) -> None:
-        if self.gpus < 1:
-            raise UserError(f"--gpus must be at least 1, got {self.gpus}", "pass the number of GPUs of the job")
-        if not self.rate_per_gpu_hour > 0:
-            raise UserError(f"failure rate must be > 0 per GPU-hour, got {self.rate_per_gpu_hour}",
-                            "pass --mtbi-h or --rate-per-gpu-hour with a positive value")
-        if self.ckpt_stall_s < 0 or self.restart_s < 0:
-            raise UserError("checkpoint stall and restart cost must be >= 0 seconds",
-                            "pass --ckpt-stall-s and --restart-s as non-negative numbers")
-        if self.interval_s is not None and not self.interval_s > 0:
-            raise UserError(f"--interval-s must be > 0, got {self.interval_s}", "omit it to use the optimum")
+        if isinstance(self.gpus, bool) or not isinstance(self.gpus, int):
+            raise UserError(f"--gpus must be a whole number, got {self.gpus!r}", "pass the number of GPUs of the job")
+        _within("gpus", self.gpus, "--gpus")
+        _within("rate_per_gpu_hour", self.rate_per_gpu_hour, "the failure rate per GPU-hour")
+        m = mtbi_s(self.rate_per_gpu_hour, self.gpus)
+        lo, hi = LIMITS["job_mtbi_s"]
+        if not lo <= m <= hi:
+            raise UserError(f"at {self.gpus:,} GPUs that rate means an interruption every {m:.3g} s",
+                            f"the model needs a job MTBI within {lo:g} … {hi:g} s: check --gpus, --mtbi-h or "
+                            "--rate-per-gpu-hour")
+        _within("ckpt_stall_s", self.ckpt_stall_s, "the checkpoint stall (--ckpt-stall-s)", " s")
+        _within("restart_s", self.restart_s, "the restart cost (--restart-s)", " s")
+        if self.interval_s is not None:
+            _within("interval_s", self.interval_s, "--interval-s", " s")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -148,8 +183,15 @@ def plan(inp: PlanInput, *, simulate: bool = True, replicas: int = 16, horizon_d
     """Evaluate the model; with ``simulate`` also run the Monte-Carlo cross-check.
 
     Cost: microseconds for the closed form; the simulation loops over checkpoint
-    segments in Python (about ``replicas × horizon/τ`` iterations, typically < 1 s).
+    segments in Python (about ``replicas × horizon/τ`` iterations, bounded at 3 M draws:
+    a few seconds at most). Raises ``UserError`` for ``replicas``/``horizon_days`` out of
+    ``LIMITS``.
     """
+    if simulate:
+        if isinstance(replicas, bool) or not isinstance(replicas, int):
+            raise UserError(f"--replicas must be a whole number, got {replicas!r}", "e.g. --replicas 16")
+        _within("replicas", replicas, "--replicas")
+        _within("horizon_days", horizon_days, "--horizon-days", " days")
     m = mtbi_s(inp.rate_per_gpu_hour, inp.gpus)
     young = young_interval(inp.ckpt_stall_s, m) if inp.ckpt_stall_s > 0 else m
     daly = daly_interval(inp.ckpt_stall_s, m) if inp.ckpt_stall_s > 0 else m

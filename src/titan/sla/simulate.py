@@ -47,7 +47,7 @@ def _one(rng: np.random.Generator, tau: float, ckpt: float, restart: float, mtbi
     bi = 0
     while wall < horizon and draws < budget:
         need_restart = False
-        while True:
+        while draws < budget:  # bounded here too: a restart longer than the MTBI may never finish
             if bi == len(batch):
                 batch, bi = rng.exponential(mtbi, 4096), 0
             x = float(batch[bi])

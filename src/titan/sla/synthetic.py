@@ -78,9 +78,10 @@ class SynthRun:
         return self
 
     def fault(self, kind: str = "inject.kill", *, rank: int = 1, after: float = 0.0) -> "SynthRun":
-        """An injected fault ``after`` seconds into the next step (ground truth onset)."""
+        """An injected fault ``after`` seconds into the next step (ground truth onset); like
+        the real injectors it names the step it strikes (the one in progress)."""
         self.t += after
-        self.emit(kind, rank=rank, step=self.step, level="warning", data={"rank": rank, "step": self.step})
+        self.emit(kind, rank=rank, step=self.step + 1, level="warning", data={"rank": rank, "step": self.step + 1})
         return self
 
     def detect(self, seconds: float, kind: str = "worker.failed", rank: int = 1) -> "SynthRun":

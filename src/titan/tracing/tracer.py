@@ -6,7 +6,7 @@ serves the hang watchdog and tracing. Communication spans run from a DDP comm ho
 its future's completion, as children of ``backward`` (communication overlaps backward).
 
 Cost when disabled or not sampled: one attribute check per transition. The SDK is an
-optional extra (``pip install titan[otel]``); without it tracing reports itself unavailable.
+optional extra (``pip install titan-resilience[otel]``); without it tracing reports itself unavailable.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ def tracing_unavailable_reason() -> str | None:
     try:
         import opentelemetry.sdk.trace  # noqa: F401
     except ImportError as e:
-        return f"OpenTelemetry SDK not installed ({e}); pip install 'titan[otel]'"
+        return f"OpenTelemetry SDK not installed ({e}); pip install 'titan-resilience[otel]'"
     return None
 
 

@@ -17,18 +17,22 @@ MONTHS = {m: i for i, m in enumerate(("jan", "feb", "mar", "apr", "may", "jun", 
                                        "nov", "dec"), start=1)}
 _UTC = _dt.timezone.utc
 
-# Prefixes added by launchers before the program's own text.
-_PREFIX = re.compile(r"^(?:\[(?:default|rank|trainer|worker)?(?P<r1>\d+)\]:\s?|(?P<r2>\d{1,5}):\s(?=\S))")
+# Prefixes added by launchers before the program's own text: torchrun's "[default3]:"/"[rank3]:", srun -l's "3: ",
+# Open MPI's --tag-output "[jobid,rank]<stderr>:" and horovodrun's "[rank]<stdout>:" (both the world rank)
+_PREFIX = re.compile(r"^(?:\[(?:default|rank|trainer|worker)?(?P<r1>\d+)\]:\s?|(?P<r2>\d{1,5}):\s(?=\S)|"
+                     r"\[(?:\d+,)?(?P<r3>\d+)\]<std(?:out|err)>:\s?)")
 _ISO = re.compile(
     r"(?P<y>20\d\d)-(?P<mo>\d\d)-(?P<d>\d\d)[T _](?P<h>\d\d):(?P<mi>\d\d):(?P<s>\d\d)(?:[.,](?P<f>\d{1,9}))?"
     r"(?P<tz>Z|[+-]\d\d:?\d\d)?")
+_ISO_BEHIND = re.compile(r"(?:(?<=[\s\[(<:])|(?<=^))" + _ISO.pattern)
 _GLOG = re.compile(r"^\[?[IWEF](?P<mo>\d\d)(?P<d>\d\d) (?P<h>\d\d):(?P<mi>\d\d):(?P<s>\d\d)(?:\.(?P<f>\d{1,9}))?\s")
 _SYSLOG = re.compile(r"^(?P<mon>[A-Z][a-z]{2}) +(?P<d>\d{1,2}) (?P<h>\d\d):(?P<mi>\d\d):(?P<s>\d\d)(?:\.(?P<f>\d+))?\s")
 _CTIME = re.compile(r"^\[?(?:[A-Z][a-z]{2} )?(?P<mon>[A-Z][a-z]{2}) +(?P<d>\d{1,2}) (?P<h>\d\d):(?P<mi>\d\d):(?P<s>\d\d)"
                     r"(?:\.(?P<f>\d+))? (?P<y>20\d\d)\]?")
 _EPOCH = re.compile(r"^\[?(?P<e>1[5-9]\d{8}(?:\.\d+)?)\]?\s")
 
-_RANK_IN_TEXT = re.compile(r"(?:\[|\b)(?:global )?rank[ =:_\[]?(?P<r>\d{1,6})\b", re.IGNORECASE)
+# "[rank3]", "Rank 3", "rank=3", "rank: 3" (Lightning's "[rank: 3]"), "[RANK 3]" (Accelerate), "global rank 3"
+_RANK_IN_TEXT = re.compile(r"(?:\[|\b)(?:global )?rank(?:\s*[=:]\s*|[ _\[])?(?P<r>\d{1,6})\b", re.IGNORECASE)
 
 
 def _frac(f: str | None) -> float:
@@ -37,8 +41,10 @@ def _frac(f: str | None) -> float:
 
 def parse_time(line: str, year: int) -> float | None:
     """Return the UNIX time stamped on ``line`` (at its start, after launcher prefixes), or None."""
-    head = strip_prefixes(line)[:64]
-    m = _ISO.match(head) or (_ISO.search(head[:40]) if head[:1] in "[(<" or head[:4].isalpha() else None)
+    head = strip_prefixes(line)[:96]
+    # at the start, or behind other prefixes (grep -H "file:", pdsh "host: ", a bracket): a stamp in
+    # the head of the line is the line's time
+    m = _ISO.match(head) or _ISO_BEHIND.search(head)
     try:
         if m:
             tz = m.group("tz")
@@ -73,7 +79,7 @@ def parse_time(line: str, year: int) -> float | None:
 
 
 def strip_prefixes(line: str) -> str:
-    """Remove launcher prefixes (``[default3]:``, ``[rank3]:``, ``3: ``), repeatedly."""
+    """Remove launcher prefixes (``[default3]:``, ``[rank3]:``, ``3: ``, ``[1,3]<stderr>:``), repeatedly."""
     for _ in range(3):
         m = _PREFIX.match(line)
         if not m:
@@ -87,8 +93,8 @@ def line_rank(line: str) -> int | None:
     m = _PREFIX.match(line)
     rank = None
     while m:
-        rank = int(m["r1"] or m["r2"])
-        if m.group(0).startswith("[rank") or m.group(0).startswith("[trainer"):
+        rank = int(m["r1"] or m["r2"] or m["r3"])
+        if m.group(0).startswith("[rank") or m.group(0).startswith("[trainer") or m["r3"] is not None:
             return rank  # the global rank wins over a local-rank ``[default N]`` prefix
         line = line[m.end():]
         m = _PREFIX.match(line)

@@ -21,17 +21,22 @@ SCOPES: tuple[str, ...] = ("process", "node", "job")
 #:  symptom   – a consequence of a failure elsewhere (peer closed the connection, SIGTERM from the agent)
 #:  exit      – a process ended (exit code or signal); dates the failure
 #:  precursor – a warning sign (throughput drop, loss spike, correctable errors); evidence only
-ROLES: tuple[str, ...] = ("cause", "timeout", "symptom", "exit", "precursor")
+#:  lifecycle – a sign that a job ran (init, a rank announcing itself) or finished normally
+ROLES: tuple[str, ...] = ("cause", "timeout", "symptom", "exit", "precursor", "lifecycle")
 
+#: the action when the evidence says nothing more specific (labelling conventions, docs/triage.md):
+#: a hang, a communication-library error, a launcher error and a failed write are code- or
+#: config-level until the evidence shows them transient; hardware is excluded; one numerical
+#: glitch is skipped.
 DEFAULT_ACTION: dict[str, str] = {
     "gpu_hardware": "exclude_node_and_restart",
     "numerical": "skip_step",
-    "hang": "restart_from_checkpoint",
-    "comm_error": "restart_from_checkpoint",
+    "hang": "fix_code_or_config",
+    "comm_error": "fix_code_or_config",
     "network": "exclude_node_and_restart",
-    "storage": "restart_from_checkpoint",
+    "storage": "fix_code_or_config",
     "oom": "fix_code_or_config",
-    "launcher": "restart_from_checkpoint",
+    "launcher": "fix_code_or_config",
     "user_code": "fix_code_or_config",
 }
 DEFAULT_SCOPE: dict[str, str] = {
@@ -92,6 +97,14 @@ class Verdict:
     window_s: float = 30.0
     inputs: dict[str, Any] = dataclasses.field(default_factory=dict)
     problems: list[str] = dataclasses.field(default_factory=list)
+    #: the reasoning, one line per step: first anomaly → domain → scope → action
+    steps: list[str] = dataclasses.field(default_factory=list)
+    #: other explanations the evidence allows (for "no diagnosis": the nearest candidates)
+    candidates: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    #: "failed" (a failure to explain) or "succeeded" (a Titan run whose run.json says it succeeded)
+    outcome: str = "failed"
+    #: a succeeded run: the incidents it went through and handled, costliest first
+    incidents: list[dict[str, Any]] = dataclasses.field(default_factory=list)
 
     @property
     def diagnosed(self) -> bool:
@@ -107,5 +120,7 @@ class Verdict:
             "first_anomaly": self.first_anomaly.ref() if self.first_anomaly else None,
             "evidence": [f.ref() for f in self.evidence],
             "failure_time": utc_iso(self.failure_time) if self.failure_time is not None else None,
-            "window_s": self.window_s, "inputs": self.inputs, "problems": self.problems,
+            "window_s": self.window_s, "steps": self.steps, "candidates": self.candidates,
+            "outcome": self.outcome, "incidents": self.incidents,
+            "inputs": self.inputs, "problems": self.problems,
         }

@@ -19,8 +19,22 @@ def culprit_text(c: dict[str, Any]) -> str:
 def markdown_section(v: Verdict) -> str:
     """The ``## Triage`` section of a run report (Markdown)."""
     lines = ["## Triage", ""]
-    if not v.diagnosed:
+    if v.outcome == "succeeded":
+        lines += [f"Run succeeded: {v.reason}.", ""]
+        if v.incidents:
+            lines += ["| # | kind | step | class | action | culprit | cost (s) | RTO (s) | steps lost |",
+                      "|---|---|---|---|---|---|---|---|---|"]
+            for r in v.incidents:
+                lines.append(f"| {r['index']} | {r['kind']} | {r['step']} | {r['class'] or ''} | {r['action'] or ''} | "
+                             f"{culprit_text(r['culprit'])} | {r['cost_s']:.1f} | {r['rto_s'] or 0:.1f} | "
+                             f"{r['rpo_steps']} |")
+            lines.append("")
+    elif not v.diagnosed:
         lines += [f"No diagnosis: {v.reason}.", ""]
+        for c in v.candidates:
+            lines.append(f"- nearest candidate: `{c['rule']}` ({c['class'] or c['role']}) at `{c['file']}:{c['line']}`")
+        if v.candidates:
+            lines.append("")
     else:
         lines += [f"- **class**: `{v.cls}`  **action**: `{v.action}`  **scope**: {v.scope}  "
                   f"**confidence**: {v.confidence:.2f}",
@@ -29,6 +43,8 @@ def markdown_section(v: Verdict) -> str:
             f = v.first_anomaly
             when = utc_iso(f.t) if f.t is not None else "untimed"
             lines.append(f"- **first anomaly**: `{f.file}:{f.line}` ({when}): `{f.text[:200]}`")
+        if v.steps:
+            lines += ["", "Reasoning:", ""] + [f"{i}. {st}" for i, st in enumerate(v.steps, start=1)]
         lines += ["", "| time (UTC) | where | rank | rule | line |", "|---|---|---|---|---|"]
         for e in v.evidence:
             t = utc_iso(e.t)[11:23] if e.t is not None else ""

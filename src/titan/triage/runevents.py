@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from titan.events import read_run
+from titan.exitcodes import ExitCode
 from titan.events.schema import Event
 from titan.triage.model import Finding
 from titan.triage.rules import RuleSet
@@ -67,6 +68,8 @@ FAULT_CLASSES: dict[str, tuple[str, str | None, int]] = {
     "store": ("cause", "launcher", 55), "cuda_sticky": ("cause", "gpu_hardware", 50),
     "cuda": ("cause", "user_code", 40), "oom": ("cause", "oom", 80), "other": ("cause", "user_code", 10),
 }
+#: titan.exitcodes.ExitCode.WORKER_COMM_FAULT: a worker's exit after a communication fault it saw
+_COMM_FAULT_EXIT = int(ExitCode.WORKER_COMM_FAULT)
 #: kinds whose data carries a raw log line worth matching whatever the level
 _LINE_KINDS = ("agent.xid", "agent.kernel")
 
@@ -129,6 +132,8 @@ def scan_run_events(run_dir: Path, order: int, rules: RuleSet, root: Path) -> tu
                 lr = ev.data.get("global_rank", ev.data.get("rank"))
                 if isinstance(lr, int):
                     f.rank = lr
+                if code == _COMM_FAULT_EXIT:  # a Titan worker that saw its peers fail exits 10: a consequence
+                    f.fields["consequence"] = True
                 if isinstance(ev.data.get("pid"), int) and f.rank is not None:
                     res.pid_rank[ev.data["pid"]] = f.rank
             res.findings.append(f)
@@ -148,19 +153,44 @@ def _ev_finding(ev: Event, t: float, src: str, line: int, order: int, spec: tupl
     role, cls, action, prio = spec
     d: dict[str, Any] = dict(ev.data)
     culprit = d.get("culprit") if isinstance(d.get("culprit"), dict) else {}
+    named = _named_ranks(d)
     rank: Any = culprit.get("rank")
     for key in ("target_rank", "stuck_rank", "global_rank", "rank"):
         if not isinstance(rank, int):
             rank = d.get(key)
-    rank = rank if isinstance(rank, int) else ev.rank
     node = culprit.get("node") or d.get("target_node") or d.get("node")
-    node = node if isinstance(node, str) else ev.node
+    if named is not None:  # the event names its culprits (guard: ranks/culprits): never the rank that wrote it
+        rank = named[0] if len(named) == 1 else None
+        recs = [c for c in d.get("culprits") or [] if isinstance(c, dict) and c.get("rank") == rank]
+        node = recs[0].get("node") if recs and isinstance(recs[0].get("node"), str) else (
+            node if isinstance(node, str) else None)
+        if rank is None:
+            node = None
+    else:
+        rank = rank if isinstance(rank, int) else ev.rank
+        node = node if isinstance(node, str) else ev.node
     gpu = d.get("gpu")
     scope = "process" if rule == "inject.kill" and isinstance(rank, int) else None
     return Finding(rule=f"event:{rule}", role=role, cls=cls, file=src, line=line, text=_text(ev), t=t, rank=rank,
-                   node=node, gpu=str(gpu) if gpu is not None else None, pid=ev.pid, action=action, priority=prio,
+                   node=node, gpu=str(gpu) if gpu is not None else None,
+                   pid=None if named is not None else ev.pid,  # the writer's pid would name the writer
+                   action=action, priority=prio,
                    scope=scope,
                    order=(order, line), fields={"step": ev.step} if ev.step is not None else {})
+
+
+def _named_ranks(d: dict[str, Any]) -> list[int] | None:
+    """The ranks an event names as culprits (``culprit_ranks``, guard ``culprits``/``ranks``), or None."""
+    for key in ("culprit_ranks", "culprits", "ranks"):
+        v = d.get(key)
+        if isinstance(v, list) and v:
+            out = [x.get("rank") if isinstance(x, dict) else x for x in v]
+            out = [x for x in out if isinstance(x, int) and not isinstance(x, bool)]
+            if out:
+                return sorted(set(out))
+        if isinstance(v, list) and not v and key != "culprit_ranks":
+            continue
+    return None
 
 
 def _f(x: Any) -> float | None:

@@ -9,19 +9,21 @@ time, throughput) is read from the file's tail only (the failure is at the end o
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import os
 import re
 import shutil
 import subprocess
 from collections import deque
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
+from titan.triage.identity import HEAD, global_rank, nccl_prefix, pdsh_host, prefix_host, rank_claim, syslog_host
 from titan.triage.lineparse import line_rank, parse_time, strip_prefixes
 from titan.triage.model import Finding
 from titan.triage.rules import RuleSet
 
-__all__ = ["FileScan", "Progress", "scan_text_file", "make_finding", "CHUNK", "TAIL_BYTES"]
+__all__ = ["FileScan", "Progress", "scan_text_file", "grep_many", "GrepFailed", "make_finding", "CHUNK", "TAIL_BYTES"]
 
 CHUNK = 4 << 20
 TAIL_BYTES = 32 << 10       # progress is read from this much of each file's end
@@ -31,20 +33,34 @@ GREP_MIN_BYTES = 256 << 10  # files this large use the grep -F prefilter
 _GREP = shutil.which("grep")
 _PRINTABLE = bytes(range(32, 256)) + b"\t\n\r\x0b\x0c\x1b"
 
-_NCCL_PREFIX = re.compile(r"^(?P<host>[A-Za-z0-9][\w.-]*):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>\d+)\] ")
-_SYSLOG_HOST = re.compile(r"^(?:[A-Z][a-z]{2} +\d{1,2} \d\d:\d\d:\d\d(?:\.\d+)?|20\d\d-\d\d-\d\dT\S+) (?P<host>[A-Za-z0-9][\w.-]*) "
-                          r"(?:kernel|slurmstepd|nvidia-\w+|\w+\[\d+\]):")
-_NCCL_INIT = re.compile(r"^(?P<host>[A-Za-z0-9][\w.-]*):(?P<pid>\d+):\d+ \[(?P<dev>\d+)\] NCCL INFO .*?\brank (?P<rank>\d+) "
+_NCCL_INIT = re.compile(r"(?:^|(?<=\s))(?P<host>[A-Za-z0-9][\w.-]*):(?P<pid>\d+):\d+ \[(?P<dev>\d+)\] NCCL INFO .*?\brank (?P<rank>\d+) "
                         r".*?(?:busId (?P<bus>[0-9a-fA-F]+))?")
+# coreutils tail/head of several files: "==> rank3.log <==" starts that file's lines
+_SECTION = re.compile(r"^==> (?P<name>\S(?:.*\S)?) <==\s*$")
+# NCCL's interface list: "Bootstrap : Using eth0:10.0.0.5<0>", "NET/Socket : Using [0]eth0:10.0.0.5<0> [1]…"
+_NCCL_IF = re.compile(r"(?:\[\d+\])?[\w.-]+:(?P<ip>\d{1,3}(?:\.\d{1,3}){3})<\d+>")
+# a grep -H prefix and/or a collector's stamp in front of each line (see _GREP_H, _COLLECTOR)
+_CS = rb"(?:[\w.+/-]+\.(?:log|txt|out|err)[:-](?:\d+[:-])?)?(?:\d{4}-\d\d-\d\dT[\d:.]+(?:Z|[+-]\d\d:\d\d) )?"
 _SUMMARY = re.compile(
-    rb"(?m)^\s*time\s*: (?P<time>\S+)\s*\n\s*host\s*: (?P<host>\S+)\s*\n\s*rank\s*: (?P<rank>\d+) \(local_rank: (?P<lr>\d+)\)"
-    rb"\s*\n\s*exitcode\s*: (?P<code>-?\d+) \(pid: (?P<pid>\d+)\)")
-_PROGRESS = re.compile(r"\b(?:step|iter(?:ation)?|global_step)\b[\s:=#]*(?P<step>\d+)", re.IGNORECASE)
+    rb"(?m)^" + _CS + rb"\s*time\s*: (?P<time>\S+)\s*\n" + _CS + rb"\s*host\s*: (?P<host>\S+)\s*\n" + _CS
+    + rb"\s*rank\s*: (?P<rank>\d+) \(local_rank: (?P<lr>\d+)\)\s*\n" + _CS
+    + rb"\s*exitcode\s*: (?P<code>-?\d+) \(pid: (?P<pid>\d+)\)")
+_PROGRESS = re.compile(r"\b(?:step|iter(?:ation)?|global_step|batch)\b[\s:=#]*(?P<step>\d+)", re.IGNORECASE)
 _LOSS = re.compile(r"(?:\bloss\b|'loss'|\"loss\"|lm loss)[\s:='\"]*(?P<loss>[-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|nan|inf|NaN|Inf|NAN))",
                    re.IGNORECASE)
-_STEPTIME = re.compile(r"(?:step_time|time per iteration \(ms\)|elapsed time per iteration \(ms\)|iter_time|step time)"
+_STEPTIME = re.compile(r"(?:step_time|time per iteration \((?:ms|s)\)|iter_time|step time)"
                        r"[\s:=]*(?P<v>\d+\.?\d*)\s*(?P<u>ms|s)?", re.IGNORECASE)
-_TPUT = re.compile(r"(?P<v>\d+\.?\d*)\s*(?:samples|tokens|tok|seq|it)/s", re.IGNORECASE)
+# possessive, from a number's first digit: the same matches as "\d+\.?\d*\s*(?:…)/s" without its backtracking over every
+# digit of a line full of stamps (3x less CPU per progress line)
+_TPUT = re.compile(r"(?<!\d)(?P<v>\d++(?:\.\d*+)?+)\s*+(?:samples|tokens|tok|seq|it)/s|\bTFLOPs:\s*(?P<tf>\d+\.?\d*)",
+                   re.IGNORECASE)
+_GNORM = re.compile(r"grad[_ ]norm[\s:='\"]*(?P<v>[-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|nan|inf))", re.IGNORECASE)
+_ERRORISH = re.compile(r"\b(?:ERROR|FATAL|Fatal|Traceback|Exception|[A-Z]\w*Error|failed|Failed|Killed|[Aa]bort(?:ed|ing)?)\b")
+_EPOCH = re.compile(r"'epoch': (?P<e>\d+(?:\.\d+)?)")
+# tqdm's bar: " 45%|████▌     | 450/1000 [00:10<00:12, 45.0it/s]" (the count is the step)
+_TQDM = re.compile(r"(?P<pct>\d{1,3})%\|[^|]*\|\s*(?P<step>\d+)/(?P<total>\d+)\s*\[")
+_HF_DICT = re.compile(r"^\{.*'loss': ")
+_NEW_RECORD = re.compile(rb"^\s*(?:\[|\d{4}-\d\d-\d\d|[A-Z]\d{4} )")
 
 
 @dataclasses.dataclass(slots=True)
@@ -57,6 +73,10 @@ class Progress:
     tput: float | None
     file: str
     line: int
+    gnorm: float | None = None
+    epoch: float | None = None
+    #: False when ``step`` is only the line number (an HF Trainer dict carries no step)
+    counted: bool = True
 
 
 @dataclasses.dataclass
@@ -68,47 +88,157 @@ class FileScan:
     pid_rank: dict[int, int] = dataclasses.field(default_factory=dict)
     rank_node: dict[int, str] = dataclasses.field(default_factory=dict)
     rank_gpu: dict[int, str] = dataclasses.field(default_factory=dict)
+    #: IP address -> host, from NCCL's bootstrap/socket interface lines ("host:pid:tid [d] NCCL INFO Bootstrap : Using eth0:10.0.0.5<0>")
+    ip_host: dict[str, str] = dataclasses.field(default_factory=dict)
     lines: int = 0
     size: int = 0
     timed: bool = False
     dropped: int = 0
     problem: str | None = None
+    #: main-thread stacks of the dumps in this file (``titan.triage.stacks``)
+    stacks: list[Any] = dataclasses.field(default_factory=list)
+    #: (line, text) when one of the file's last lines reads like an error (recognised or not)
+    ending: tuple[int, str] | None = None
 
 
 def make_finding(rules: RuleSet, text: str, *, file: str, line: int, t: float | None, inherited: bool,
-                 file_rank: int | None, file_host: str | None, order: int) -> Finding | None:
-    """Classify one line; None when no rule matches."""
+                 file_rank: int | None, file_host: str | None, order: int,
+                 around: Callable[[int, int], tuple[list[str], list[str]]] | None = None) -> Finding | None:
+    """Classify one line; None when no rule matches.
+
+    ``around(before, after)`` returns the lines before/after this one (for rules that read
+    context: a wrapped message, a traceback's frames, a kernel call trace); without it
+    such rules see no context.
+    """
     hit = rules.classify(text)
-    if hit is None:
-        return None
-    rule, facts = hit
+    if hit is None and around is not None and rules.wraps(text):
+        _, nxt = around(0, 2)
+        for k in (1, 2):  # a message wrapped by a terminal or a paste: join it back (no separator)
+            if len(nxt) >= k:
+                hit = rules.classify(text.rstrip("\n") + "".join(nxt[:k]), wrapped_only=True)
+                if hit is not None:
+                    text = text.rstrip("\n") + "".join(nxt[:k])
+                    break
+    excluded: frozenset[str] = frozenset()
+    while True:
+        if hit is None:
+            return None
+        rule, facts = hit
+        cls = rule.cls
+        context: list[str] = []
+        if not (rule.context_before or rule.context_after):
+            break
+        before, after = around(rule.context_before, rule.context_after) if around is not None else ([], [])
+        context = before + after
+        joined = "\n".join(context)
+        if rule.context_requires is not None and not rule.context_requires.search(joined):
+            excluded |= {rule.id}  # the context does not bear the rule out: the next rule's reading
+            hit = rules.classify(text, exclude=excluded)
+            continue
+        for c, rx in rule.context_class:
+            if rx.search(joined):
+                cls = c
+                break
+        if rule.pick == "traceback_exception":
+            picked = _traceback_exception(after, text[:len(text) - len(strip_prefixes(text))])
+            if picked is None or rules.classify(picked[1]) is not None:
+                return None  # no exception line, or one another rule reads on its own
+            line += picked[0] + 1
+            text = picked[1]
+            context = after[:picked[0]][-6:]
+        break
     rank = line_rank(text)
     if facts.get("rank") is not None:
         rank = int(facts["rank"])
+    g = global_rank(text)
+    if g is not None and not (rule.names_rank and facts.get("rank") is not None):
+        rank = g  # torchrun's [rankN]: prefix is global; a "Rank N" inside may be process-group-local
     if rank is None:
         rank = file_rank
     node = facts.get("host") or None
     pid = facts.get("pid") or facts.get("pid2")
     gpu = facts.get("pci") or facts.get("gpu")
-    m = _NCCL_PREFIX.match(strip_prefixes(text))
-    if m:
-        node = node or m["host"]
-        pid = pid or m["pid"]
-        gpu = gpu or m["dev"]
+    nc = nccl_prefix(text)
+    if nc:
+        node = node or nc[0]
+        pid = pid or nc[1]
+        gpu = gpu or nc[2]
     else:
-        m = _SYSLOG_HOST.match(strip_prefixes(text))
-        if m:
-            node = node or m["host"]
-    f = Finding(rule=rule.id, role=rule.role, cls=rule.cls, file=file, line=line, text=text.strip(), t=t,
+        node = node or syslog_host(text)
+    node = node or pdsh_host(text) or prefix_host(text)
+    fields = {k: v for k, v in facts.items() if k not in ("rank", "host", "pid", "pid2", "pci", "gpu")}
+    if context:
+        fields["context"] = [c[:300] for c in context]
+    if rule.phase:
+        fields["phase"] = rule.phase
+    f = Finding(rule=rule.id, role=rule.role, cls=cls, file=file, line=line, text=text.strip(), t=t,
                 t_inherited=inherited, rank=rank, node=node or file_host, gpu=str(gpu) if gpu is not None else None,
                 pid=int(pid) if pid else None, action=rule.action, scope=rule.scope, priority=rule.priority,
-                fields={k: v for k, v in facts.items() if k not in ("rank", "host", "pid", "pid2", "pci", "gpu")},
-                order=(order, line))
+                fields=fields, order=(order, line))
     if not rule.locates:
         f.fields["_nolocate"] = True
-    if rule.role == "exit" and "signame" in facts:
-        f.fields["signal"] = facts["signame"]
+    if rule.superseded_by_life:
+        f.fields["_superseded_by_life"] = True
+    if rule.peer_failure_prone:
+        f.fields["_peer_prone"] = True
+    if rule.role == "exit" and (facts.get("signame") or facts.get("signame2")):
+        f.fields["signal"] = facts.get("signame") or facts.get("signame2")
+    if rule.role == "exit" and facts.get("exitcode2") is not None:
+        f.fields["exitcode"] = facts["exitcode2"]
+    claim = rank_claim(text) if rule.role == "lifecycle" else None
+    if claim:
+        f.fields["claim"] = claim
     return f
+
+
+_FRAME = re.compile(r'^\s+File "|^\s+\S|^\s*$|^\s*\^+\s*$|^\s*\.\.\.')
+# an exception's qualified name: a class name (capitalised, as Python's and libraries' exceptions are) or a
+# dotted module path to one ("torch.distributed.DistBackendError", "socket.timeout") — not "wandb: …" chatter
+_EXC_LINE = re.compile(r"^(?:(?:[\w]+\.)+[A-Za-z_]\w*|[A-Z]\w*)(?::\s|:?$)")
+
+
+def _traceback_exception(after: list[str], prefix: str = "") -> tuple[int, str] | None:
+    """(index, line) of the exception line that ends the traceback whose header precedes ``after``.
+
+    ``prefix`` is the launcher prefix of the header (``[default1]:[rank1]: ``): lines without it
+    were written by other processes into the same console and are skipped.
+    """
+    for i, raw in enumerate(after):
+        if prefix and not raw.startswith(prefix):
+            continue  # another writer's line, interleaved
+        body = strip_prefixes(raw)
+        if body.startswith(("Traceback (most recent", "During handling", "The above exception")):
+            return None  # a chained traceback: its own header starts a new search
+        if _FRAME.match(body):
+            continue
+        return (i, raw) if _EXC_LINE.match(body) else None
+    return None
+
+
+def around_reader(fd: int, off: int, length: int) -> Callable[[int, int], tuple[list[str], list[str]]]:
+    """``around(before, after)`` for the line at byte ``off`` (``length`` bytes) of an open file.
+
+    Reads with ``os.pread`` (the scanning position is untouched): at most 8 KiB before and
+    16 KiB after the line, so a rule's context costs two small reads, only for matched lines.
+    """
+    def around(before: int, after: int) -> tuple[list[str], list[str]]:
+        b: list[str] = []
+        a: list[str] = []
+        if before and off > 0:
+            start = max(0, off - 8192)
+            chunk = os.pread(fd, off - start, start).split(b"\n")
+            if start:
+                chunk = chunk[1:]  # a partial line
+            b = [_decode(x) for x in chunk[:-1][-before:]]
+        if after:
+            chunk = os.pread(fd, 16384, off + length + 1)
+            parts = chunk.split(b"\n")
+            if len(chunk) == 16384:
+                parts = parts[:-1]
+            a = [_decode(x) for x in parts[:after]]
+        return b, a
+
+    return around
 
 
 class _Keeper:
@@ -131,10 +261,61 @@ class _Keeper:
         return self.head + list(self.tail)
 
 
+# terminal colour/style sequences (CSI … final byte): logs captured from a terminal or CI keep them in
+# front of prefixes that identity and the rules read (Ray's coloured "(Worker pid=N, ip=A)")
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
+
+
+# a log collector's own stamp in front of every line (kubectl logs --timestamps, docker logs -t, CI log
+# exports): RFC 3339 with "T" and a zone, then one space
+_COLLECTOR = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d{1,9})?(?:Z|[+-]\d\d:\d\d)) (?=\S)")
+
+
+# grep -H / grep -r output pasted as a log: "path/rank3.log:" (a match) or "path/rank3.log-" (context), with
+# -n the line number between the same separators; the name is the original file's (its rank/host hints)
+_GREP_H = re.compile(r"^(?P<name>[\w.+-]+(?:/[\w.+-]+)*\.(?:log|txt|out|err))(?:(?P<s>[:-])\d+(?P=s)|[:-])")
+
+
 def _decode(b: bytes) -> str:
+    return _decode_named(b)[0]
+
+
+def _decode_named(b: bytes) -> tuple[str, str | None]:
+    """The line as its program wrote it, and the file name a ``grep -H`` prefix gave it (or None).
+
+    Cut to ``MAX_LINE``; a CR of a CR LF file, terminal colour sequences, a ``grep -H`` prefix and a
+    log collector's stamp in front (``_COLLECTOR``) are removed.
+    """
     if len(b) > MAX_LINE:
         b = b[:MAX_LINE]
-    return b.decode("utf-8", errors="replace")
+    s = b.decode("utf-8", errors="replace")
+    if s.endswith("\r"):  # a CRLF file (pasted or saved on Windows): the line without its CR
+        s = s.rstrip("\r")
+    if "\x1b" in s:
+        s = _ANSI.sub("", s)
+    name = None
+    if "." in s[:160] and s[:1].isalnum():
+        m = _GREP_H.match(s)
+        if m is not None:
+            name, s = m["name"], s[m.end():]
+    return (_uncollect(s) if s[:1].isdigit() else s), name
+
+
+def _uncollect(s: str) -> str:
+    """A line behind a collector's stamp, read as the program wrote it (prefixes and rules anchored at its start
+    read again); the stamp's time is kept by ``_time`` when the line has none of its own."""
+    m = _COLLECTOR.match(s)
+    return s[m.end():] if m is not None else s
+
+
+def _time(text: str, raw: bytes, year: int) -> float | None:
+    """The line's own time, else the collector's stamp in front of its raw bytes (``_COLLECTOR``)."""
+    t = parse_time(text, year)
+    if t is None and raw[:1].isdigit():
+        m = _COLLECTOR.match(raw[:40].decode("ascii", errors="replace"))
+        if m is not None:
+            t = parse_time(m.group(1), year)
+    return t
 
 
 def _last_time(buf: bytes, end: int, year: int, max_lines: int = 40) -> float | None:
@@ -142,7 +323,8 @@ def _last_time(buf: bytes, end: int, year: int, max_lines: int = 40) -> float | 
     pos = end
     for _ in range(max_lines):
         start = buf.rfind(b"\n", 0, pos) + 1
-        t = parse_time(_decode(buf[start:min(pos, start + 200)]), year)
+        raw = buf[start:min(pos, start + 200)]
+        t = _time(_decode(raw), raw, year)
         if t is not None:
             return t
         if start == 0:
@@ -152,12 +334,15 @@ def _last_time(buf: bytes, end: int, year: int, max_lines: int = 40) -> float | 
 
 
 def scan_text_file(path: Path, display: str, order: int, rules: RuleSet, year: int, *,
-                   file_rank: int | None = None, file_host: str | None = None) -> FileScan:
+                   file_rank: int | None = None, file_host: str | None = None,
+                   hits: Iterable[tuple[int, int, bytes]] | None = None) -> FileScan:
     """Scan a text log; never raises for content (binary/garbage gives ``problem``), only for I/O.
 
     Files of ``GREP_MIN_BYTES`` or more are prefiltered by ``grep -F`` (Aho-Corasick in C,
     ~200 MB/s here against ~5 MB/s for a Python alternation of the same keywords) when a
-    grep binary exists; the result is the same as the pure-Python path (tested).
+    grep binary exists; the result is the same as the pure-Python path (tested). ``hits`` are
+    this file's ``(line, offset, text)`` lines from a grep over many files (``grep_many``),
+    which saves a process per file; without them the file gets its own grep.
     """
     res = FileScan(file=display)
     if file_rank is not None:
@@ -170,8 +355,9 @@ def scan_text_file(path: Path, display: str, order: int, rules: RuleSet, year: i
     keep = _Keeper()
     ctx = _Ctx(res, keep, rules, display, order, year, file_rank, file_host)
     size = path.stat().st_size
-    if size >= GREP_MIN_BYTES and _GREP and _scan_grep(path, ctx):
-        pass
+    if hits is not None or (size >= GREP_MIN_BYTES and _GREP and _scan_grep(path, ctx)):
+        if hits is not None:
+            _grep_lines(path, ctx, hits)
     else:
         keep.__init__()  # type: ignore[misc]
         res.pid_rank.clear()
@@ -188,14 +374,43 @@ class _Ctx:
                  file_rank: int | None, file_host: str | None) -> None:
         self.res, self.keep, self.rules, self.display, self.order, self.year = res, keep, rules, display, order, year
         self.file_rank, self.file_host = file_rank, file_host
+        self._own = (file_rank, file_host)
+        self.fd = -1
 
-    def line(self, text: str, line: int, t: float | None, inherited: bool) -> None:
+    def line(self, text: str, line: int, t: float | None, inherited: bool, off: int = -1, length: int = 0,
+             name: str | None = None) -> None:
+        if text.startswith("==> "):
+            sec = _SECTION.match(text)
+            if sec:  # `tail`/`head` of several files: what follows is that file's (its name's rank/host hints)
+                from titan.triage.lineparse import name_hints
+
+                r, h = name_hints(sec["name"])
+                self.file_rank = r if r is not None else self._own[0]
+                self.file_host = h or self._own[1]
+                if r is not None:
+                    self.res.ranks.add(r)
+                return
+        around = around_reader(self.fd, off, length) if self.fd >= 0 and off >= 0 else None
+        file_rank, file_host = self.file_rank, self.file_host
+        if name is not None:  # a grep -H prefix: the line's own file's hints
+            from titan.triage.lineparse import name_hints
+
+            r, h = name_hints(name)
+            if r is not None:
+                file_rank = r
+                self.res.ranks.add(r)
+            file_host = h or file_host
         f = make_finding(self.rules, text, file=self.display, line=line, t=t, inherited=inherited,
-                         file_rank=self.file_rank, file_host=self.file_host, order=self.order)
+                         file_rank=file_rank, file_host=file_host, order=self.order, around=around)
         if f is not None:
             self.keep.add(f)
-        if "Init COMPLETE" in text:
-            mi = _NCCL_INIT.match(strip_prefixes(text))
+        if "Bootstrap : Using" in text or "NET/Socket : Using" in text:
+            for mb in _NCCL_IF.finditer(text):
+                host = nccl_prefix(text)
+                if host:
+                    self.res.ip_host.setdefault(mb["ip"], host[0])
+        if "Init COMPLETE" in text or "Init START" in text:
+            mi = _NCCL_INIT.search(strip_prefixes(text)[:HEAD])
             if mi:
                 r = int(mi["rank"])
                 self.res.pid_rank[int(mi["pid"])] = r
@@ -211,12 +426,14 @@ def _scan_python(path: Path, ctx: _Ctx) -> None:
     last_t: float | None = None
     res.size = 0
     with open(path, "rb") as fh:
+        ctx.fd = fh.fileno()
         while True:
             data = fh.read(CHUNK)
             res.size += len(data)
             if not data and not carry:
                 break
             buf = carry + data
+            buf_off = res.size - len(buf)  # file offset of buf[0]
             if data:
                 cut = buf.rfind(b"\n") + 1
                 if cut == 0:
@@ -240,8 +457,8 @@ def _scan_python(path: Path, ctx: _Ctx) -> None:
                 e = len(buf) if e < 0 else e
                 cur_line += buf.count(b"\n", pos_line, s)
                 pos_line = s
-                text = _decode(buf[s:e])
-                t = parse_time(text, year)
+                text, name = _decode_named(buf[s:e])
+                t = _time(text, buf[s:s + 40], year)
                 inherited = False
                 if t is None:
                     t = _last_time(buf, s - 1, year) if s > 0 else None
@@ -250,7 +467,7 @@ def _scan_python(path: Path, ctx: _Ctx) -> None:
                     inherited = t is not None
                 if t is not None:
                     run_t = t
-                ctx.line(text, cur_line, t, inherited)
+                ctx.line(text, cur_line, t, inherited, buf_off + s, e - s, name)
             if b"local_rank:" in buf:
                 for sm in _SUMMARY.finditer(buf):
                     _summary(res, ctx.keep, sm, buf, line_base, ctx.display, ctx.order, year)
@@ -265,24 +482,91 @@ def _scan_python(path: Path, ctx: _Ctx) -> None:
 
 
 def _scan_grep(path: Path, ctx: _Ctx) -> bool:
-    """grep -F prefilter; False if grep failed (the caller falls back to Python)."""
-    res, year = ctx.res, ctx.year
+    """grep -F prefilter of one file; False if grep failed (the caller falls back to Python)."""
     cmd = [_GREP, "-F", "-n", "-b", "-a", "-f", ctx.rules.keywords_file(), "--", str(path)]
-    env = {"LC_ALL": "C", "PATH": os.environ.get("PATH", "")}
-    prev: tuple[int, float | None] = (-10**9, None)
-    with open(path, "rb") as fh, subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                                   env=env) as proc:
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=_GREP_ENV) as proc:
         assert proc.stdout is not None
-        for raw in proc.stdout:
-            ln_s, _, rest = raw.partition(b":")
-            off_s, _, body = rest.partition(b":")
-            try:
-                line_no, off = int(ln_s), int(off_s)
-            except ValueError:
-                continue
-            body = body.rstrip(b"\n")
-            text = _decode(body)
-            t = parse_time(text, year)
+        _grep_lines(path, ctx, (h for h in map(_grep_hit, proc.stdout) if h is not None))
+        proc.wait()
+        return proc.returncode in (0, 1)
+
+
+_GREP_ENV = {"LC_ALL": "C", "PATH": os.environ.get("PATH", "")}
+#: files per ``grep_many`` process (argv stays far below the kernel's limit)
+GREP_BATCH = 128
+
+
+def _grep_hit(raw: bytes) -> tuple[int, int, bytes] | None:
+    """``line:offset:text`` of ``grep -n -b`` → (line, offset, text without the newline)."""
+    ln_s, _, rest = raw.partition(b":")
+    off_s, _, body = rest.partition(b":")
+    try:
+        return int(ln_s), int(off_s), body.rstrip(b"\n")
+    except ValueError:
+        return None
+
+
+def grep_many(paths: Sequence[Path], rules: RuleSet) -> Iterator[tuple[int, Iterator[tuple[int, int, bytes]]]]:
+    """One ``grep -F`` process for many files: ``(index, that file's hits)`` in the order of ``paths``.
+
+    Every index is yielded, a file without hits with an empty iterator; each file's hits must be
+    consumed (or dropped) before the next is asked for — the output streams, memory stays bounded.
+    Cost: one process per ``GREP_BATCH`` files instead of one per file (a fork of this process and
+    its wake-ups per file cost more than grep's own reading on a loaded machine). Raises
+    ``GrepFailed`` at the end of a batch where grep reported an error (the caller rescans it).
+    """
+    for b0 in range(0, len(paths), GREP_BATCH):
+        batch = [str(p) for p in paths[b0:b0 + GREP_BATCH]]
+        index = {name.encode("utf-8", "surrogateescape"): b0 + i for i, name in enumerate(batch)}
+        cmd = [_GREP, "-F", "-n", "-b", "-a", "-H", "-Z", "-f", rules.keywords_file(), "--", *batch]
+        with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=_GREP_ENV) as proc:
+            assert proc.stdout is not None
+            nxt = b0
+
+            def flush(upto: int) -> Iterator[tuple[int, Iterator[tuple[int, int, bytes]]]]:
+                nonlocal nxt
+                while nxt < upto:
+                    yield nxt, iter(())
+                    nxt += 1
+
+            stream = (_named_hit(raw, index) for raw in proc.stdout)
+            for i, group in itertools.groupby(stream, key=lambda x: x[0]):
+                if i < nxt:  # a name grep printed otherwise, or out of order: never expected
+                    continue
+                yield from flush(i)
+                yield i, (h for h in (_grep_hit(raw) for _, raw in group) if h is not None)
+                nxt = i + 1
+            yield from flush(b0 + len(batch))
+            proc.wait()
+            if proc.returncode not in (0, 1):
+                raise GrepFailed(b0, b0 + len(batch))
+
+
+def _named_hit(raw: bytes, index: dict[bytes, int]) -> tuple[int, bytes]:
+    """``name\\0line:offset:text`` of ``grep -H -Z`` → (the name's index, ``line:offset:text``); -1 if unknown."""
+    name, _, rest = raw.partition(b"\0")
+    return index.get(name, -1), rest
+
+
+class GrepFailed(Exception):
+    """grep reported an error for the files ``start`` … ``end - 1`` of a ``grep_many`` call."""
+
+    def __init__(self, start: int, end: int) -> None:
+        super().__init__(f"grep failed for files {start}..{end - 1}")
+        self.start, self.end = start, end
+
+
+def _grep_lines(path: Path, ctx: _Ctx, hits: Iterable[tuple[int, int, bytes]]) -> None:
+    """Feed one file's grep hits to its context, then count its lines (for the tail's line numbers)."""
+    res, year = ctx.res, ctx.year
+    prev: tuple[int, float | None] = (-10**9, None)
+    end = (0, 0)  # (line, offset of its newline) of the last hit: the lines before it need no recount
+    with open(path, "rb") as fh:
+        ctx.fd = fh.fileno()
+        for line_no, off, body in hits:
+            end = (line_no, off + len(body))
+            text, name = _decode_named(body)
+            t = _time(text, body, year)
             inherited = False
             if t is None:
                 if line_no - prev[0] <= 2 and prev[1] is not None:
@@ -296,7 +580,7 @@ def _scan_grep(path: Path, ctx: _Ctx) -> bool:
                         t = prev[1]
                 inherited = t is not None
             prev = (line_no, t)
-            ctx.line(text, line_no, t, inherited)
+            ctx.line(text, line_no, t, inherited, off, len(body), name)
             if b"local_rank:" in body and b"(local_rank:" in body:
                 start = max(0, off - 400)
                 fh.seek(start)
@@ -305,22 +589,20 @@ def _scan_grep(path: Path, ctx: _Ctx) -> bool:
                     if off - start <= sm.start("rank") <= off - start + len(body):  # this line's entry only
                         base = line_no - window.count(b"\n", 0, off - start)
                         _summary(res, ctx.keep, sm, window, base, ctx.display, ctx.order, year)
-        proc.wait()
-        if proc.returncode not in (0, 1):
-            return False
-    # total lines (for the tail's line numbers) and whether the file carries times
-    n = 0
-    with open(path, "rb") as fh:
+        ctx.fd = -1
+        # total lines (for the tail's line numbers): the last hit's line number plus the newlines after it
+        res.size = os.fstat(fh.fileno()).st_size
+        n, pos = (end[0], end[1] + 1) if end[0] else (0, 0)
+        if pos > res.size:  # the last hit is the file's unterminated last line
+            n, pos = n - 1, res.size
+        fh.seek(pos)
         while True:
             b = fh.read(CHUNK)
             if not b:
                 break
             n += b.count(b"\n")
-            res.size += len(b)
-            last = b
-    res.lines = n + (0 if not res.size or last.endswith(b"\n") else 1)
+    res.lines = n  # newlines, as the Python scan counts them (the tail's line numbers rest on it)
     res.timed = True
-    return True
 
 
 def _summary(res: FileScan, keep: _Keeper, sm: re.Match[bytes], buf: bytes, line_base: int, display: str,
@@ -361,7 +643,8 @@ def _tail_progress(path: Path, res: FileScan, year: int, file_rank: int | None) 
     rank_seen = False
     for i in range(len(lines) - 1, -1, -1):
         raw = lines[i]
-        if not raw or not (b"step" in raw or b"iter" in raw or b"Step" in raw or b"Iter" in raw):
+        if not raw or not (b"step" in raw or b"iter" in raw or b"Step" in raw or b"Iter" in raw or b"batch" in raw
+                           or b"'loss'" in raw or b"%|" in raw):
             if not rank_seen and raw[:1] == b"[" and b"rank" in raw[:24]:
                 r0 = line_rank(_decode(raw[:64]))
                 if r0 is not None:
@@ -370,9 +653,27 @@ def _tail_progress(path: Path, res: FileScan, year: int, file_rank: int | None) 
             continue
         text = _decode(raw)
         body = strip_prefixes(text)
-        pm = _PROGRESS.search(body)
-        if not pm:
+        pm = _PROGRESS.search(body) or _HF_DICT.search(body)
+        tq = _TQDM.search(body[-400:]) if pm is None else None  # a carriage-returned bar: its last state
+        if pm is None and tq is None:
             continue
+        if tq is not None:
+            r = line_rank(text) if file_rank is None else file_rank
+            found.append(Progress(t=_time(text, raw, year), rank=r, step=int(tq["step"]), loss=None, step_time=None,
+                                  tput=None, file=res.file, line=first_line + i))
+            if len(found) >= MAX_PROGRESS:
+                break
+            continue
+        # a record wrapped over the next physical lines (a terminal or a paste): join the continuations
+        j, cont = i + 1, raw
+        while j < len(lines) and j <= i + 2 and cont.rstrip()[-1:].isalnum():
+            nxt = lines[j]
+            if not (nxt[:1] in (b" ", b"\t") or nxt[:1].islower()) or _NEW_RECORD.match(nxt) \
+                    or _PROGRESS.search(_decode(nxt[:200])):
+                break
+            body += " " + _decode(nxt).strip()
+            cont = nxt
+            j += 1
         lm = _LOSS.search(body)
         sm = _STEPTIME.search(body)
         tm = _TPUT.search(body)
@@ -384,9 +685,14 @@ def _tail_progress(path: Path, res: FileScan, year: int, file_rank: int | None) 
         st = None
         if sm:
             st = float(sm["v"]) / (1000.0 if (sm["u"] == "ms" or "(ms)" in sm.group(0)) else 1.0)
-        found.append(Progress(t=parse_time(text, year), rank=r, step=int(pm["step"]),
+        gm = _GNORM.search(body)
+        found.append(Progress(t=_time(text, raw, year), rank=r, step=int(pm["step"]) if pm.re is _PROGRESS else
+                              first_line + i,  # an HF Trainer dict has no step: its line orders it
                               loss=_float(lm["loss"]) if lm else None, step_time=st,
-                              tput=float(tm["v"]) if tm else None, file=res.file, line=first_line + i))
+                              tput=float(tm["v"] or tm["tf"]) if tm else None, file=res.file, line=first_line + i,
+                              gnorm=_float(gm["v"]) if gm else None,
+                              epoch=_float(em["e"]) if (em := _EPOCH.search(body)) else None,
+                              counted=pm.re is _PROGRESS))
         if len(found) >= MAX_PROGRESS:
             break
     found.reverse()
@@ -398,6 +704,14 @@ def _tail_progress(path: Path, res: FileScan, year: int, file_rank: int | None) 
     res.progress.extend(found)
     if found:
         res.timed = res.timed or any(p.t is not None for p in found)
+    last_prog = max((p.line for p in found), default=0)
+    last = [(first_line + i, x) for i, x in enumerate(lines) if x.strip() and x.strip() not in (b"[...]", b"...")]
+    for ln, raw in last[-3:]:  # how the file ends: an error no rule knows (after the last progress) is not silence
+        if ln <= last_prog:
+            continue
+        text = _decode(raw)
+        if _ERRORISH.search(text):
+            res.ending = (ln, text.strip()[:300])
 
 
 def _float(s: str) -> float | None:

@@ -1,7 +1,7 @@
-"""The hang watchdog (outside the workers), straggler detection and the restart policy.
+"""The hang watchdog (outside the workers) and straggler detection.
 
-``Watchdog`` runs in ``titan run`` (one per node); ``titan.watchdog.policy`` is the
-worker side of restarts (backoff, give-up). Never imports torch.
+``Watchdog`` runs in ``titan run`` (one per node). The restart decision (backoff, give-up)
+is the launcher's: ``titan.launch.restarts``. Never imports torch.
 """
 
 from __future__ import annotations

@@ -60,6 +60,7 @@ class Watchdog:
                  on_exclude: Callable[[str], None] | None = None) -> None:
         self.rd = run_dir if isinstance(run_dir, RunDir) else RunDir(run_dir)
         self.node = node
+        self.settings = settings
         self.cfg = settings.watchdog
         self.bdir = beacon_dir(self.rd.path, self.cfg.beacon_dir)
         self.timeouts = PhaseTimeouts(self.cfg)
@@ -274,7 +275,7 @@ class Watchdog:
     # -- exclusion ---------------------------------------------------------------------
     def _default_exclude(self, reason: str) -> None:
         from titan.exitcodes import ExitCode
-        from titan.launch.abort import request_abort
+        from titan.events.abort import request_abort
 
         request_abort(self.rd, reason, exit_code=ExitCode.JOB_FAILED, node=self.node, by="watchdog")
 

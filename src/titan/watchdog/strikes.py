@@ -9,8 +9,16 @@ tailed from the run directory about once a second:
   a communication/CUDA fault code; a Python exception is the script's, not the node's) — when one node's rank
   dies, the peers on other nodes fail a moment later with "Connection closed by peer" and
   must not be blamed. Incidents right after a hang verdict (the watchdog's own SIGKILL)
-  are not crashes, nor are failures right after an ``inject.*`` event (drills, tests).
-* ``guard.strike`` in this node's worker event files (guard transients).
+  are not crashes.
+* ``guard.strike`` in this node's worker event files (guard transients, SDC findings).
+
+**Injected faults never strike** (unless ``watchdog.strike_injected``): every source goes
+through :meth:`StrikeTracker.add`, the one place that checks the marker of a deliberate
+fault — an ``inject.*`` event of this run (``titan.chaos``: drills, tests) near the
+fault's time or, for guard and SDC strikes, at or a little before the fault's step in the
+same attempt, or an ``injected: true`` flag on the strike's own event. It records
+``node.strike_skipped`` instead. Guard strikes are settled after every file of a scan
+has been read, so the injection is seen whichever file holds it.
 """
 
 from __future__ import annotations
@@ -43,6 +51,15 @@ def _node_fault(d: dict[str, Any]) -> bool:
         return sig not in _STOP_SIGNALS
     return int(d.get("exit_code") or 0) in _FAULT_CODES
 _AFTER_HANG_S = 15.0
+#: A guard or SDC strike comes at most this long after the fault that caused it.
+_GUARD_WINDOW_S = 30.0
+
+
+def _int(x: Any) -> int | None:
+    try:
+        return None if x is None else int(x)
+    except (TypeError, ValueError):
+        return None
 
 
 class StrikeTracker:
@@ -52,23 +69,40 @@ class StrikeTracker:
         self.wd = wd
         self._offsets: dict[Path, int] = {}
         self._failures: list[dict[str, Any]] = []  # pending worker.failed (t, node, pid, ...)
+        self._guard: list[dict[str, Any]] = []  # guard.strike events read, settled after the scan
         self.added: list[tuple[str, str]] = []
-        self._injected: list[float] = []  # times of inject.* events (deliberate faults)
+        self.skipped: list[tuple[str, str]] = []
+        self._injected: list[tuple[float, int | None, int | None]] = []  # inject.*: (t, attempt, step)
+        self._scanning = False
 
     def injected_near(self, t: float, before_s: float = 10.0, after_s: float = 1.0) -> bool:
         """Was a fault injected on purpose (an ``inject.*`` event) around time ``t``?"""
-        return any(t - before_s <= x <= t + after_s for x in self._injected)
+        return any(t - before_s <= x <= t + after_s for x, _, _ in self._injected)
 
-    def add(self, kind: str, detail: str, *, fault_t: float | None = None, window_s: float = 10.0) -> None:
+    def injected_before_step(self, attempt: int | None, step: int | None, steps_back: int) -> bool:
+        """Was a fault injected in ``attempt`` at ``step`` or up to ``steps_back`` steps before?"""
+        if attempt is None or step is None:
+            return False
+        return any(a == attempt and s is not None and step - steps_back <= s <= step for _, a, s in self._injected)
+
+    def add(self, kind: str, detail: str, *, fault_t: float | None = None, window_s: float = 10.0,
+            attempt: int | None = None, step: int | None = None, steps_back: int = 0,
+            injected: bool = False) -> None:
         """Record one strike for this node (event ``node.strike``) and check exclusion.
 
-        A fault at ``fault_t`` that was injected on purpose (drills, tests) is not the
-        node's fault and is skipped unless ``watchdog.strike_injected``.
+        The one place that keeps injected faults out of the ledger (module docstring): a
+        fault flagged ``injected``, or with an ``inject.*`` event within ``window_s`` before
+        ``fault_t`` (default now), or in ``attempt`` at ``step`` or up to ``steps_back``
+        steps before, is skipped unless ``watchdog.strike_injected``.
         """
         wd = self.wd
-        if fault_t is not None and not wd.cfg.strike_injected:
-            self.scan()  # pick up inject.* events written since the last scan
-            if self.injected_near(fault_t, before_s=window_s):
+        fault_t = time.time() if fault_t is None else fault_t
+        if not wd.cfg.strike_injected:
+            if not self._scanning:
+                self.scan()  # pick up inject.* events written since the last scan
+            if (injected or self.injected_near(fault_t, before_s=window_s)
+                    or self.injected_before_step(attempt, step, steps_back)):
+                self.skipped.append((kind, detail))
                 wd.events.emit("node.strike_skipped", f"no {kind} strike for node {wd.node}: the fault was injected",
                                data={"node": wd.node, "kind": kind, "detail": detail})
                 return
@@ -110,21 +144,37 @@ class StrikeTracker:
     def scan(self, *, final: bool = False) -> None:
         """Read new events; blame settled incidents (all pending ones when ``final``)."""
         rd = self.wd.rd
-        for p in sorted(rd.path.glob("launcher.*.jsonl")):
-            for ev in self._new_lines(p):
-                if ev.get("kind") == "worker.failed":
-                    self._failures.append(ev)
-        if rd.events_dir.is_dir():
-            for p in sorted(rd.events_dir.glob("*.jsonl")):
-                if p.name.startswith("watchdog."):
-                    continue
+        self._scanning = True
+        try:
+            for p in sorted(rd.path.glob("launcher.*.jsonl")):
                 for ev in self._new_lines(p):
-                    kind = str(ev.get("kind", ""))
-                    if kind == "guard.strike" and ev.get("node") == self.wd.node:
-                        self.add("guard", str(ev.get("msg") or "guard strike")[:200])
-                    elif kind.startswith("inject."):
-                        self._injected.append(float(ev.get("t", 0)))
-        self._settle(final)
+                    if ev.get("kind") == "worker.failed":
+                        self._failures.append(ev)
+            if rd.events_dir.is_dir():
+                for p in sorted(rd.events_dir.glob("*.jsonl")):
+                    if p.name.startswith("watchdog."):
+                        continue
+                    for ev in self._new_lines(p):
+                        kind = str(ev.get("kind", ""))
+                        if kind == "guard.strike" and ev.get("node") == self.wd.node:
+                            self._guard.append(ev)
+                        elif kind.startswith("inject."):
+                            self._injected.append((float(ev.get("t", 0)), _int(ev.get("attempt")),
+                                                   _int(ev.get("step"))))
+            guard, self._guard = self._guard, []
+            for ev in guard:  # after every file: the injection may sit in a file read later
+                d = ev.get("data") or {}
+                self.add("guard", str(ev.get("msg") or "guard strike")[:200], fault_t=float(ev.get("t", 0)),
+                         window_s=_GUARD_WINDOW_S, attempt=_int(ev.get("attempt")), step=_int(ev.get("step")),
+                         steps_back=self._guard_steps_back(), injected=bool(d.get("injected")))
+            self._settle(final)
+        finally:
+            self._scanning = False
+
+    def _guard_steps_back(self) -> int:
+        """How far before a guard/SDC strike its fault may lie: an SDC round's distance."""
+        sdc = getattr(getattr(self.wd, "settings", None), "sdc", None)
+        return max(1, int(getattr(sdc, "every_steps", 0) or 0), int(getattr(sdc, "canary_every_steps", 0) or 0))
 
     def _settle(self, final: bool) -> None:
         if not self._failures:
@@ -136,12 +186,13 @@ class StrikeTracker:
         incident = [e for e in self._failures if float(e.get("t", 0)) - first_t <= _INCIDENT_S]
         self._failures = [e for e in self._failures if e not in incident]
         first = incident[0]
-        if self._after_hang(first_t) or (self.injected_near(first_t) and not self.wd.cfg.strike_injected):
-            return  # the watchdog's own kill, or a fault injected on purpose (drills, tests)
+        if self._after_hang(first_t):
+            return  # the watchdog's own kill
         d = first.get("data") or {}
         if first.get("node") == self.wd.node and int(d.get("pid", -1)) not in self.wd._killed and _node_fault(d):
             self.add("crash", f"rank {d.get('global_rank')} " + (f"killed by {d['signal']}" if d.get("signal")
-                                                                  else f"exited {d.get('exit_code')}"))
+                                                                  else f"exited {d.get('exit_code')}"),
+                     fault_t=first_t, injected=bool(d.get("injected")))
         if self._failures:
             self._settle(final)
 

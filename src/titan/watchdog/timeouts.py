@@ -20,7 +20,9 @@ __all__ = ["PhaseTimeouts", "percentile", "BUDGET_PHASES"]
 
 #: Phases that are never learned: their budget comes from settings.
 BUDGET_PHASES = {"checkpoint": "checkpoint_budget_s", "restore": "checkpoint_budget_s", "init": "init_budget_s",
-                 "setup": "init_budget_s"}
+                 "setup": "init_budget_s",
+                 # a drill's rank waiting at its fault's gate while the driver prepares it
+                 "gate": "checkpoint_budget_s"}
 
 
 #: Used only for a ``WatchdogConfig`` built outside ``Settings`` (auto values unresolved).

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from titan.worker.context import RankLogFilter, WorkerContext
-from titan.worker.hooks import add_comm_hook_wrapper, remove_comm_hook_wrapper, wrap_comm_hook
+from titan.beacon.hooks import add_comm_hook_wrapper, remove_comm_hook_wrapper, wrap_comm_hook
 from titan.worker.dist import DistInitError, backoff_delays, init_distributed, measure_clock_offsets, pick_backend
 
 __all__ = [

@@ -3,26 +3,31 @@
 The store is reached under ``dist.init_timeout_s`` and the process group is created with
 ``dist.pg_timeout_s`` for its collectives — two separate budgets. Restarted workers must
 never read the dead workers' addresses (measured: the cause of torchrun's flaky restarts
-here): ``titan run`` gives every rendezvous round a fresh store
-(``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``); when workers use the agent's store
-(``TORCHELASTIC_USE_AGENT_STORE=True``: static rendezvous, or the shared store), the group's
-store is a ``PrefixStore`` keyed by the restart count instead.
+here): ``titan run`` gives every rendezvous round a fresh worker store, hosted by the agent
+and bound to the listen address (``TITAN_STORE_PER_ROUND=1``); when workers use a store that
+outlives the round (static rendezvous, or the shared store left on), the group's store is a
+``PrefixStore`` keyed by the restart count instead.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
+import logging
 import os
 import random
 import time
 from typing import TYPE_CHECKING
 
 from titan.errors import TitanError
+from titan.settings.env import TITAN_STORE_PER_ROUND
 
 if TYPE_CHECKING:
     from titan.worker.context import WorkerContext
 
-__all__ = ["init_distributed", "backoff_delays", "measure_clock_offsets", "DistInitError", "pick_backend"]
+__all__ = ["init_distributed", "backoff_delays", "measure_clock_offsets", "DistInitError", "pick_backend",
+           "choose_backend"]
+
+log = logging.getLogger(__name__)
 
 
 class DistInitError(TitanError):
@@ -51,18 +56,42 @@ def pick_backend(requested: str) -> str:
     return "gloo"
 
 
-def init_distributed(ctx: "WorkerContext") -> str:
+def choose_backend(ctx: "WorkerContext", script_choice: str | None) -> str:
+    """The backend to use. ``dist.backend`` other than ``auto`` (the default) was set on
+    purpose (config file, ``TITAN_DIST_BACKEND``, ``--set``) and wins over the script's own
+    choice — and says so (a warning and a ``dist.backend_override`` event). Otherwise the
+    script's choice, else ``auto`` (NCCL with CUDA, gloo without)."""
+    setting = ctx.settings.dist.backend
+    if script_choice and script_choice != "auto" and setting != "auto" and setting != script_choice:
+        msg = f"dist.backend={setting!r} (settings) overrides the script's backend {script_choice!r}"
+        log.warning("%s", msg)
+        ctx.events.emit("dist.backend_override", msg, level="warning", phase="init",
+                        data={"script": script_choice, "setting": setting})
+        return pick_backend(setting)
+    return pick_backend(script_choice if script_choice and setting == "auto" else setting)
+
+
+def init_distributed(ctx: "WorkerContext", backend: str | None = None) -> str:
     """Create the default process group for ``ctx`` and return the backend used.
 
-    Cost: one store rendezvous and one group creation (plus retries); one small
-    all-gather afterwards to measure clock offsets. Raises ``DistInitError`` naming the
-    endpoint when every attempt failed.
+    ``backend``: the script's own choice (``"gloo"``, ``"nccl"``…), used unless the
+    ``dist.backend`` setting names another (then a warning says which wins, see
+    :func:`choose_backend`). A group the script created itself is kept (``dist.init_external``
+    event) and only clock offsets are measured. Cost: one store rendezvous and one group
+    creation (plus retries); one small all-gather afterwards to measure clock offsets. Raises
+    ``DistInitError`` naming the endpoint when every attempt failed.
     """
     import torch
     import torch.distributed as dist
 
     cfg = ctx.settings.dist
-    backend = pick_backend(cfg.backend)
+    if dist.is_initialized():
+        used = dist.get_backend()
+        ctx.events.emit("dist.init_external", f"process group created by the script ({used}); kept", phase="init",
+                        data={"backend": used, "world": dist.get_world_size()})
+        measure_clock_offsets(ctx)
+        return str(used)
+    backend = choose_backend(ctx, backend)
     endpoint = f"{os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')}"
     delays = backoff_delays(cfg.init_attempts, cfg.init_backoff_s, cfg.init_backoff_max_s, cfg.init_jitter)
     device_id = None
@@ -78,7 +107,7 @@ def init_distributed(ctx: "WorkerContext") -> str:
             store, rank, world = next(dist.rendezvous(
                 "env://", rank=ctx.rank, world_size=ctx.world_size,
                 timeout=_dt.timedelta(seconds=cfg.init_timeout_s)))
-            if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+            if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True" and os.environ.get(TITAN_STORE_PER_ROUND) != "1":
                 # The agent's store outlives the workers (static rendezvous, or torchrun's
                 # shared store): keep this attempt's keys apart from the dead workers'. Not
                 # with a fresh store per rendezvous round (`titan run`'s default): restart

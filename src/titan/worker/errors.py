@@ -20,7 +20,7 @@ import logging
 import re
 import sys
 import traceback
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 from titan.errors import TitanAbort
 from titan.exitcodes import ExitCode
@@ -28,7 +28,7 @@ from titan.exitcodes import ExitCode
 if TYPE_CHECKING:
     from titan.worker.context import WorkerContext
 
-__all__ = ["Fault", "classify", "record_fault", "fault_boundary"]
+__all__ = ["Fault", "classify", "conclude", "record_fault", "fault_boundary", "install_fault_boundary"]
 
 log = logging.getLogger(__name__)
 
@@ -112,8 +112,30 @@ def record_fault(ctx: "WorkerContext", exc: BaseException, *, step: int | None =
     ctx.events.emit("worker.fault", f"rank {ctx.rank}: {fault.kind} in {phase or '?'} at step {step}: {fault.message}",
                     level="error", step=step, phase=phase,
                     data={"class": fault.kind, "transient": fault.transient, "error": fault.error,
-                          "message": fault.message, "exit_code": int(fault.exit_code), "traceback": tb})
+                          "message": fault.message, "exit_code": int(fault.exit_code), "traceback": tb,
+                          **({"injected": True} if getattr(exc, "titan_injected", False) else {})})
     return fault
+
+
+def conclude(ctx: "WorkerContext", exc: BaseException) -> int | None:
+    """Record why the worker ends on ``exc`` and return its exit code (``None``: not ours to
+    decide — ``SystemExit``, ``KeyboardInterrupt``). ``TitanAbort`` (give up, guard stop)
+    keeps its own code; anything else is classified (``worker.fault``). Closes the events."""
+    if isinstance(exc, TitanAbort):
+        ctx.events.emit("worker.abort", exc.message, level="error", step=ctx.step,
+                        data={"exit_code": int(exc.exit_code)})
+        code = int(exc.exit_code)
+    elif isinstance(exc, (SystemExit, KeyboardInterrupt)):
+        return None
+    else:
+        fault = record_fault(ctx, exc, step=ctx.step)
+        log.error("rank %s: %s (%s); exiting %d", ctx.rank, fault.kind, fault.message, int(fault.exit_code))
+        code = int(fault.exit_code)
+    try:
+        ctx.events.close()
+    except Exception:  # noqa: BLE001 - the exit code matters more than the last event
+        pass
+    return code
 
 
 @contextlib.contextmanager
@@ -121,20 +143,56 @@ def fault_boundary(ctx: "WorkerContext") -> Iterator[None]:
     """Wrap the training loop: classify and record any exception, exit with its code.
 
     ``TitanAbort`` (give up, guard stop) exits with its own code; ``SystemExit`` and
-    ``KeyboardInterrupt`` pass through unchanged. Uses ``ctx.step`` as the step.
+    ``KeyboardInterrupt`` pass through unchanged. Uses ``ctx.step`` as the step. The
+    context manager form of :func:`install_fault_boundary` (which ``WorkerContext.from_env``
+    installs under ``titan run``).
     """
     try:
         yield
-    except TitanAbort as e:
-        ctx.events.emit("worker.abort", e.message, level="error", step=ctx.step, data={"exit_code": int(e.exit_code)})
-        raise SystemExit(int(e.exit_code)) from None
-    except (SystemExit, KeyboardInterrupt):
-        raise
     except BaseException as e:  # noqa: BLE001 - classified, recorded and turned into an exit
-        fault = record_fault(ctx, e, step=ctx.step)
-        log.error("rank %s: %s (%s); exiting %d", ctx.rank, fault.kind, fault.message, int(fault.exit_code))
+        code = conclude(ctx, e)
+        if code is None:
+            raise
+        raise SystemExit(code) from (None if isinstance(e, TitanAbort) else e)
+
+
+def install_fault_boundary(ctx: "WorkerContext") -> None:
+    """Make an exception that ends the script's main thread a classified exit: it is recorded
+    (``worker.fault``, or ``worker.abort`` for a ``TitanAbort``), the usual traceback is
+    printed, exit handlers run, and the process exits with the class's code (10 comm/store,
+    11 CUDA, 3 give-up, 1 other) — what ``titan run`` and triage read. Replaces
+    ``sys.excepthook`` (the previous hook prints the traceback); idempotent per context.
+    Cost: nothing until an exception escapes.
+    """
+    prev = sys.excepthook
+    if getattr(prev, "titan_ctx", None) is ctx:
+        return
+
+    def _titan_fault_boundary(tp: type[BaseException], exc: BaseException, tb: Any) -> None:
+        code = conclude(ctx, exc)
+        prev(tp, exc, tb)
+        if code is not None:
+            _exit_now(code)
+
+    _titan_fault_boundary.titan_ctx = ctx  # type: ignore[attr-defined]
+    sys.excepthook = _titan_fault_boundary
+
+
+def _exit_now(code: int) -> None:
+    """Exit with ``code`` from inside ``sys.excepthook`` (where ``SystemExit`` is ignored):
+    run the ``atexit`` handlers first (DataLoader workers, flushes), as a normal exit would."""
+    import atexit
+    import os
+
+    run = getattr(atexit, "_run_exitfuncs", None)
+    if run is not None:
         try:
-            ctx.events.close()
+            run()
+        except BaseException:  # noqa: BLE001 - the exit code must still come out
+            pass
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
         except Exception:  # noqa: BLE001
             pass
-        raise SystemExit(int(fault.exit_code)) from e
+    os._exit(code)

@@ -14,7 +14,7 @@ import math
 import torch
 from torch.utils.data import Dataset
 
-from titan.workloads.tinygpt.sampler import ResumableSampler
+from titan.data import ResumableSampler
 
 __all__ = ["MarkovCorpus", "ResumableSampler"]
 

@@ -1,0 +1,131 @@
+"""What the Hugging Face Trainer integration adds to a step, side by side in one run.
+
+Two Trainers on the same model architecture, data and arguments in one process — ``plain``
+(no Titan) and ``titan`` (``TitanCallback``) — trained in interleaved blocks of ``--block``
+optimizer steps (A, B, A, B, …) so that machine noise hits them alike. A timing callback
+splits each step at the Trainer's own hooks: ``fwd+bwd`` (on_step_begin → on_pre_optimizer_step:
+forward, backward with the DDP all-reduce — and under Titan the guard's comm hook — and
+clipping), ``optimizer`` (→ on_optimizer_step: the update; under Titan the guard's exchange
+and decision around it, which the guarded step also times apart), ``rest`` (→ on_step_end).
+All three integrations share the guarded step (titan.integrations._core), so its cost is
+theirs too. Run it under ``titan run`` so the beacons are live as in production:
+
+    .venv/bin/titan run --nproc-per-node 2 -- bench/integrations_overhead.py --blocks 6 --block 30
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+
+import torch
+from torch import nn
+from transformers import Trainer, TrainerCallback, TrainingArguments
+
+
+class Mlp(nn.Module):
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(256, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(),
+                                 nn.Linear(width, width), nn.ReLU(), nn.Linear(width, 16))
+
+    def forward(self, x: torch.Tensor, labels: torch.Tensor) -> dict:
+        return {"loss": nn.functional.cross_entropy(self.net(x), labels)}
+
+
+class Data(torch.utils.data.Dataset):
+    def __init__(self, n: int) -> None:
+        g = torch.Generator().manual_seed(0)
+        self.x, self.y = torch.randn(n, 256, generator=g), torch.randint(0, 16, (n,), generator=g)
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i: int) -> dict:
+        return {"x": self.x[i], "labels": self.y[i]}
+
+
+class Timing(TrainerCallback):
+    def __init__(self) -> None:
+        self.rows: list[tuple[float, float, float]] = []
+        self._t: list[float] = []
+
+    def on_step_begin(self, *a, **k):  # noqa: ANN002, ANN003
+        self._t = [time.perf_counter()]
+
+    def on_pre_optimizer_step(self, *a, **k):  # noqa: ANN002, ANN003
+        self._t.append(time.perf_counter())
+
+    def on_optimizer_step(self, *a, **k):  # noqa: ANN002, ANN003
+        self._t.append(time.perf_counter())
+
+    def on_step_end(self, *a, **k):  # noqa: ANN002, ANN003
+        t = self._t + [time.perf_counter()]
+        if len(t) == 4:
+            self.rows.append((t[1] - t[0], t[2] - t[1], t[3] - t[2]))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--blocks", type=int, default=6, help="blocks per variant (A and B alternate)")
+    p.add_argument("--block", type=int, default=30, help="optimizer steps per block")
+    p.add_argument("--width", type=int, default=1024)
+    p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--json", default="")
+    a = p.parse_args()
+    torch.set_num_threads(1)
+    from titan.integrations.transformers import TitanCallback
+
+    out = os.path.join(os.environ.get("TITAN_RUN_DIR", "."), "bench-out")
+    trainers, timing, guarded = {}, {}, {}
+    for name in ("plain", "titan"):
+        args = TrainingArguments(output_dir=f"{out}/{name}", per_device_train_batch_size=a.batch,
+                                 max_steps=a.block, save_strategy="no", logging_strategy="no", report_to="none",
+                                 use_cpu=True, ddp_backend="gloo", ddp_find_unused_parameters=False, seed=0,
+                                 disable_tqdm=True, max_grad_norm=1.0, learning_rate=1e-4)
+        torch.manual_seed(0)
+        tr = Trainer(model=Mlp(a.width), args=args, train_dataset=Data(a.batch * 2 * a.block))
+        timing[name] = Timing()
+        tr.add_callback(timing[name])
+        if name == "titan":
+            guarded[name] = TitanCallback(tr, done_at_train_end=False)  # train() runs once per block
+        trainers[name] = tr
+    load0 = os.getloadavg()[0]
+    guard_s, guard_n = 0.0, 0  # the guard's own time, blocks after the first (warm-up) only
+    for b in range(2 * a.blocks):
+        name = ("plain", "titan")[b % 2]
+        g = guarded["titan"].step
+        before = (g.guard_s, g.step_count) if g is not None else (0.0, 0)
+        trainers[name].train()
+        g = guarded["titan"].step
+        if name == "titan" and b > 1 and g is not None:
+            guard_s, guard_n = guard_s + g.guard_s - before[0], guard_n + a.block
+    load1 = os.getloadavg()[0]
+    rank = int(os.environ.get("RANK", "0"))
+    res = {}
+    for name, t in timing.items():
+        rows = t.rows[1:]  # the first step of a run carries DDP's set-up
+        res[name] = {k: statistics.median(r[i] for r in rows) * 1e3 for i, k in enumerate(("fwd_bwd", "optimizer", "rest"))}
+        res[name]["step"] = statistics.median(sum(r) for r in rows) * 1e3
+        res[name]["steps"] = len(rows)
+    res["titan"]["guard_mean"] = guard_s / max(guard_n, 1) * 1e3
+    res["load"] = [load0, load1]
+    if rank == 0:
+        for name in ("plain", "titan"):
+            r = res[name]
+            print(f"{name:6s} step {r['step']:.3f} ms  fwd+bwd {r['fwd_bwd']:.3f}  optimizer {r['optimizer']:.3f}  "
+                  f"rest {r['rest']:.3f}  ({r['steps']} steps)", flush=True)
+        d = res["titan"]["step"] - res["plain"]["step"]
+        print(f"overhead {d:.3f} ms/step = {100 * d / res['plain']['step']:.2f} % of the plain step; guard "
+              f"exchange+decision {res['titan']['guard_mean']:.3f} ms/step (mean over {guard_n} steps after the "
+              f"first block); load average {load0:.1f} -> {load1:.1f}", flush=True)
+        if a.json:
+            with open(a.json, "w") as f:
+                json.dump(res, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

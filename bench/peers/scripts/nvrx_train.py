@@ -1,0 +1,96 @@
+"""NVRx: the torchrun + DCP loop under ``ft_launcher`` with the heartbeats API.
+
+Wired as NVRx 0.4.1's examples/fault_tolerance/train_ddp_heartbeats_api.py and
+docs/source/fault_tolerance/integration/heartbeats.rst: ``RankMonitorClient`` initialised
+on every rank, a heartbeat every step, timeouts calculated once the interval around a
+checkpoint save has been seen, the client's state saved with (and loaded from) the
+checkpoint. ``ft_launcher`` restarts the worker group (``--max-restarts``; policy
+any-failed) when a rank dies or its monitor sees no heartbeat within the timeout.
+Checkpoints as in the torchrun baseline. Settings: bench/peers/configs/nvrx.toml.
+"""
+import time; T0 = time.time()  # bench
+from peers.common.steplog import StepLog  # bench
+LOG = StepLog("nvrx", T0)  # bench
+
+import os
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.stateful import Stateful
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import nvidia_resiliency_ext.fault_tolerance as fault_tolerance
+
+from peers.common import workload
+from peers.common.faults import Faults  # bench
+
+
+class AppState(Stateful):
+    def __init__(self, w, ft, step=0):
+        self.w, self.ft, self.step = w, ft, step
+
+    def state_dict(self):
+        model, optim = get_state_dict(self.w.model, self.w.optimizer)
+        return {"model": model, "optim": optim, "sched": self.w.scheduler.state_dict(),
+                "sampler": self.w.sampler.state_dict(), "step": self.step,
+                "ft": self.ft.state_dict()}
+
+    def load_state_dict(self, sd):
+        set_state_dict(self.w.model, self.w.optimizer, model_state_dict=sd["model"], optim_state_dict=sd["optim"])
+        self.w.scheduler.load_state_dict(sd["sched"])
+        self.w.sampler.load_state_dict(sd["sampler"])
+        self.step = sd["step"]
+        self.ft.load_state_dict(sd["ft"])
+
+
+def main() -> None:
+    args = workload.parse_args()
+    torch.set_num_threads(args.threads)
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    LOG.mark("ready", rank=rank)  # bench
+    w = workload.build(args, rank, world)
+    ft_client = fault_tolerance.RankMonitorClient()
+    ft_client.init_workload_monitoring()
+    state = AppState(w, ft_client)
+    latest = os.path.join(args.ckpt_dir, "latest")
+    if os.path.exists(latest):
+        with open(latest) as f:
+            dcp.load({"app": state}, checkpoint_id=os.path.join(args.ckpt_dir, f.read().strip()))
+    LOG.mark("restored", step=state.step)  # bench
+    start = state.step
+    model = DDP(w.model)
+    faults = Faults.from_env(rank, w.model)  # bench
+    batches = w.batches()
+    for step in range(start + 1, args.steps + 1):
+        t_start = time.time()  # bench
+        faults.begin_step(step)  # bench
+        x, y = next(batches)
+        w.optimizer.zero_grad(set_to_none=True)
+        loss = model(x, y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(w.model.parameters(), w.clip)
+        w.optimizer.step()
+        w.scheduler.step()
+        w.commit()
+        ft_client.send_heartbeat()
+        LOG.step(step, t_start=t_start, loss=loss.item())  # bench
+        if not ft_client.hb_timeouts.are_valid and step == start + args.ckpt_every + 1:
+            ft_client.calculate_and_set_hb_timeouts()
+        if step % args.ckpt_every == 0:
+            state.step = step
+            t_save = time.time()  # bench
+            dcp.save({"app": state}, checkpoint_id=os.path.join(args.ckpt_dir, f"step_{step}"))
+            if rank == 0:
+                with open(latest + ".tmp", "w") as f:
+                    f.write(f"step_{step}")
+                os.replace(latest + ".tmp", latest)
+            LOG.mark("saved", step=step, stall_s=time.time() - t_save)  # bench
+    LOG.mark("done")  # bench
+    ft_client.shutdown_workload_monitoring()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
