@@ -10,6 +10,7 @@ from rich.text import Text
 from titan.cli._common import number, print_json
 from titan.cli.environment import Environment
 from titan.exitcodes import ExitCode
+from titan.mdtext import md_cell
 
 
 #: What this verb can exit with (its --help lists them).
@@ -179,6 +180,6 @@ def _write_across(out, agg: dict) -> None:  # noqa: ANN001
              "| run | succeeded | interruptions | wall | goodput | longest uninterrupted | SLA met |",
              "|---|---|---:|---:|---:|---:|---|"]
     for r in agg["per_run"]:
-        lines.append(f"| {r['run_dir']} | {r['succeeded']} | {r['interruptions']} | {fmt_s(r['wall_s'])} | "
+        lines.append(f"| {md_cell(r['run_dir'])} | {r['succeeded']} | {r['interruptions']} | {fmt_s(r['wall_s'])} | "
                      f"{r['goodput_fraction']:.1%} | {fmt_s(r['longest_uninterrupted_s'])} | {r['sla_met']} |")
     atomic_write_text(out / "runs.md", "\n".join(lines) + "\n")

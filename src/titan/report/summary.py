@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from titan.events import utc_iso
+from titan.mdtext import md_cell, md_text
 from titan.report.data import RunData
 from titan.sla.accounting import BUCKET_DOC, BUCKETS
 
@@ -43,7 +44,7 @@ def summary_markdown(d: RunData) -> str:
     """``summary.md``: the same figures as the page's head, for a terminal or a ticket."""
     a = d.acc
     s = summary_dict(d)
-    out = [f"# Titan run report: {d.rd.run_id}", "",
+    out = [f"# Titan run report: {md_text(d.rd.run_id)}", "",
            f"- outcome: **{'succeeded' if a.outcome.get('succeeded') else 'failed'}** ({a.outcome.get('source')})",
            f"- wall time: {fmt_s(a.wall_s)} ({utc_iso(a.t0)} → {utc_iso(a.t1)}), ranks: {len(d.ranks)}, "
            f"attempts: {len(s['attempts'])}, last step: {s['steps']['last_step']}",
@@ -54,7 +55,7 @@ def summary_markdown(d: RunData) -> str:
            f"{a.reconciliation.get('recorded_wall_s', a.reconciliation['wall_s']):.3f} s "
            f"(error {a.reconciliation['error_fraction']:.3%})",
            *[f"- restart storm: {st.get('restarts')} restarts within {st.get('window_s')} s "
-             f"({'; '.join(st.get('causes') or []) or 'causes unknown'})" for st in s["restart_storms"]],
+             f"({md_text('; '.join(st.get('causes') or []) or 'causes unknown')})" for st in s["restart_storms"]],
            *([f"- capabilities off in this run: {', '.join(s['capabilities_off'])}"] if s["capabilities_off"] else []),
            "",
            "## Goodput and badput", "", "| cause | seconds | share | meaning |", "|---|---:|---:|---|"]
@@ -67,8 +68,8 @@ def summary_markdown(d: RunData) -> str:
                 "|---|---|---|---|---|---|---:|---:|---:|---:|---:|"]
         for i in a.incidents:
             rank = str(i.rank) if i.rank is not None else ", ".join(map(str, i.ranks))
-            out.append(f"| {i.index} | {i.kind} | +{i.onset_t - a.t0:.2f} s ({i.onset_source}) | {i.detect_kind} | "
-                       f"{rank} | {'' if i.step is None else i.step} | "
+            out.append(f"| {i.index} | {md_cell(i.kind)} | +{i.onset_t - a.t0:.2f} s ({md_cell(i.onset_source)}) | "
+                       f"{md_cell(i.detect_kind)} | {md_cell(rank)} | {'' if i.step is None else i.step} | "
                        f"{fmt_s(i.detection_s)} | {fmt_s(i.rto_s)} | {i.rpo_steps} | {fmt_s(i.rpo_s)} | "
                        f"{i.skipped_steps} |")
     else:
@@ -77,18 +78,18 @@ def summary_markdown(d: RunData) -> str:
         out += ["", "## Triage", ""]
         t = d.triage
         if not t.get("entry_point"):
-            out.append(f"Not available: {t.get('reason')}")
+            out.append(f"Not available: {md_text(t.get('reason'))}")
         else:
             for k in ("diagnosed", "class", "action", "scope", "culprit", "confidence", "reason", "first_anomaly"):
                 if t.get(k) is not None:
-                    out.append(f"- {k}: {t[k]}")
+                    out.append(f"- {k}: {md_text(t[k])}")
     out += ["", "## Overhead of monitoring and defences (A/B)", ""]
     ov = a.overhead
     if ov.get("measured") is False:
-        out.append(ov.get("note", "not measured"))
+        out.append(md_text(ov.get("note", "not measured")))
     else:
         for k, v in ov.items():
-            out.append(f"- {k}: {v}")
+            out.append(f"- {k}: {md_text(v)}")
     if d.problems:
-        out += ["", "## Lines that could not be read", ""] + [f"- {p}" for p in d.problems[:50]]
+        out += ["", "## Lines that could not be read", ""] + [f"- {md_text(p)}" for p in d.problems[:50]]
     return "\n".join(out) + "\n"
