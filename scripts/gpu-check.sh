@@ -17,6 +17,12 @@
 #   guard_nccl - guarded DDP (tinygpt) on NCCL, one rank per GPU: forward/backward/comm hooks
 #                under torch.cuda.set_sync_debug_mode("error"); host syncs per step counted
 #                under "warn"; a NaN injected on rank 0 is skipped on every rank.
+#   nccl_heal  - the NCCL primitives of in-place healing (issue 23; gloo + warm group restart is
+#                the tested default): a subgroup's ProcessGroup.abort() leaves the world group
+#                working; shrink_group(SHRINK_ABORT) around a rank that never joins a pending
+#                all-reduce, then an all-reduce on the shrunk group (needs >= 2 GPUs and an NCCL
+#                with ncclCommShrink, else SKIP with the reason); revoke/reconfigure: SKIP when
+#                the installed torch has no such API (torch 2.13 has neither).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 START=$(date +%s)
@@ -146,7 +152,7 @@ check_rng_ckpt() {
 
 check_guard_nccl() {
   local out n
-  n=$("$PY" -c "import torch; print(max(1, torch.cuda.device_count()))" 2>/dev/null || echo 1)
+  n=$(( NGPU > 0 ? NGPU : 1 ))
   out=$(timeout 150 "$PY" -m torch.distributed.run --standalone --nproc-per-node "$n" scripts/gpu_checks.py guard-nccl 2>&1)
   [ $? -eq 124 ] && out="FAIL guard-nccl: timed out after 150 s"
   while IFS= read -r line; do
@@ -154,7 +160,22 @@ check_guard_nccl() {
   done <<< "$(echo "$out" | grep -E '^(PASS|FAIL|SKIP)' || echo "FAIL guard-nccl: no verdict; $(echo "$out" | tail -3 | tr '\n' ' ')")"
 }
 
-CHECKS=(nvml xid rng_ckpt guard_nccl)
+check_nccl_heal() {
+  local out n
+  if [ "$NGPU" -lt 1 ]; then
+    say SKIP "nccl-heal: no CUDA device (torch.cuda.device_count() = 0); shrink_group/abort need NCCL on GPUs"
+    return
+  fi
+  out=$(timeout 90 "$PY" -m torch.distributed.run --standalone --nproc-per-node "$NGPU" scripts/gpu_checks.py nccl-heal 2>&1)
+  [ $? -eq 124 ] && out="FAIL nccl-heal: timed out after 90 s; $(echo "$out" | grep -E '^(PASS|FAIL|SKIP|INFO)' | tr '\n' ' ')"
+  while IFS= read -r line; do
+    case "$line" in PASS*|FAIL*|SKIP*) say "${line%% *}" "${line#* }";; *) echo "  $line";; esac
+  done <<< "$(echo "$out" | grep -E '^(PASS|FAIL|SKIP|INFO)' || echo "FAIL nccl-heal: no verdict; $(echo "$out" | tail -3 | tr '\n' ' ')")"
+}
+
+NGPU=$("$PY" -c "import torch; print(torch.cuda.device_count())" 2>/dev/null || echo 0)
+case "$NGPU" in ''|*[!0-9]*) NGPU=0;; esac
+CHECKS=(nvml xid rng_ckpt guard_nccl nccl_heal)
 for c in "${CHECKS[@]}"; do
   if [ $(( $(date +%s) - START )) -gt 280 ]; then say "FAIL" "$c: not run, the 5-minute budget is spent"; continue; fi
   "check_$c"
