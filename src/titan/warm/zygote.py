@@ -52,6 +52,10 @@ DEFAULT_PRELOAD = (
     "titan.worker", "titan.beacon", "titan.guard", "titan.checkpoint.checkpointer", "titan.checkpoint.restore",
     "titan.checkpoint.state", "titan.checkpoint.storage", "titan.checkpoint.stepsnap", "titan.sdc.monitor",
     "titan.chaos.worker", "titan.tracing.tracer", "torch._dynamo",  # DDP imports dynamo when built: 3 s
+    # imported on a restarted worker's way to its first step (DDP's comm hooks, the guard's DDP
+    # part, the snapshot tiers' hash and serialisation): ~20 ms of CPU each restart (bench/rto.py)
+    "torch.distributed.algorithms.ddp_comm_hooks", "torch.utils.serialization", "xxhash", "titan.guard.ddp",
+    "titan.checkpoint.collectives", "titan.checkpoint.snapshot",
 )
 _MAX_REQUEST = 16 << 20
 
