@@ -338,7 +338,8 @@ def run(systems: list[str], *, fault: str, worlds: list[int], trials: int, profi
 
 def recovery(systems: list[str], *, fault: str = "kill", trials: int = 5, steps: int = 30, ckpt_every: int = 10,
              at_step: int = 18, world: int = 2, root: Path, hang_release_s: float = 20.0, timeout_s: float = 120.0,
-             progress: Callable[[str], None] | None = None, reference: bool = True) -> dict[str, Any]:
+             progress: Callable[[str], None] | None = None, reference: bool = True,
+             sets: list[str] | None = None) -> dict[str, Any]:
     """Trials of ``systems`` (names of ``rto_systems.SAME_SCRIPT``), interleaved (trial i of every
     system before trial i+1), each a full run of ``steps`` steps with one ``fault`` (``kill`` or
     ``stop``) to rank 1 once it completed ``at_step`` steps; the final weights are compared with
@@ -347,7 +348,7 @@ def recovery(systems: list[str], *, fault: str = "kill", trials: int = 5, steps:
     from rto_systems import SameScript, reference_digests
     from titan.checkpoint.digest import compare_digests
 
-    wl = {"ckpt_every": ckpt_every}
+    wl = {"ckpt_every": ckpt_every, "sets": list(sets or [])}
     sig = "stop" if fault in ("stop", "hang") else "kill"
 
     def one(name: str, faults: list[dict[str, Any]], d: Path) -> tuple[ScheduleResult, int | None]:
@@ -387,7 +388,7 @@ def recovery(systems: list[str], *, fault: str = "kill", trials: int = 5, steps:
     for name, rs in rows.items():
         ok = [r for r in rs if "error" not in r]
         s = summarise(rs)
-        s.update(bitwise=f"{sum(1 for r in ok if r['bitwise'])}/{len(rs)}", rto_all=[r.get("rto_s") for r in rs],
+        s.update(bitwise=f"{sum(1 for r in ok if r['bitwise'])}/{len(rs)}" if reference else "—", rto_all=[r.get("rto_s") for r in rs],
                  source=sorted({str(r.get("restored_source")) for r in ok}), spawn=sorted({str(r.get("spawn")) for r in ok}))
         if sig == "stop":
             gap = [r["rto_s"] - r["detection_s"] for r in ok if r.get("rto_s") is not None and r.get("detection_s") is not None]
@@ -435,6 +436,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profile", default="quick", choices=("tiny", "quick", "full"),
                     help="--peers: fault step, release and time limits (bench/peers/configs/workload.toml)")
     ap.add_argument("--keep", help="keep the trial directories here")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="extra titan run setting for titan_fast and titan_cold (repeatable)")
     ap.add_argument("--no-reference", action="store_true", help="skip the clean run (no bitwise check; profiling)")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
@@ -462,7 +465,7 @@ def main(argv: list[str] | None = None) -> int:
         res = recovery(names, fault=a.fault, trials=a.trials, steps=a.steps, ckpt_every=a.ckpt_every,
                        at_step=a.at_step, world=(a.world or [2])[0], root=root, hang_release_s=a.hang_release,
                        progress=None if a.json else (lambda m: print(m, file=sys.stderr, flush=True)),
-                       reference=not a.no_reference)
+                       reference=not a.no_reference, sets=a.set)
     out = {k: ({kk: vv for kk, vv in v.items() if kk != "rows"} if k != "ratios" else v) for k, v in res.items()}
     out["load"] = {"before": load_before, "after": [round(x, 1) for x in os.getloadavg()]}
     out["command"] = "bench/rto.py " + " ".join(argv if argv is not None else sys.argv[1:])

@@ -126,7 +126,8 @@ class EventJob(Job):
 
 
 class SameScript(System):
-    """One of :data:`SAME_SCRIPT`; ``wl`` keys: ``steps``-independent ``ckpt_every``, ``seed``."""
+    """One of :data:`SAME_SCRIPT`; ``wl`` keys: ``ckpt_every`` (disk cadence), ``sets`` (extra
+    ``titan run --set`` items for the two Titan systems; plain torchrun has no such settings)."""
 
     def __init__(self, name: str) -> None:
         if name not in SAME_SCRIPT:
@@ -178,7 +179,7 @@ class SameScript(System):
             cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(world),
                    "--max-restarts", "3", "--monitor-interval", "0.1", *tail[tail.index("--") + 1:]]
         else:
-            cmd = job_cmd(cfg, rd, sets=_base_sets(cfg, rd) + _SETS[self.name])
+            cmd = job_cmd(cfg, rd, sets=_base_sets(cfg, rd) + _SETS[self.name] + list(wl.get("sets") or []))
             cmd[cmd.index("--nproc-per-node") + 1] = str(world)
         self._spawn(job, self.name, cmd, env)
         return job
