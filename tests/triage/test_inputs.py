@@ -224,13 +224,13 @@ def _big_logs(root: Path, n: int) -> list[Path]:
 
 def test_one_grep_for_many_files_reads_what_a_grep_per_file_reads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The batched prefilter (grep -H -Z over many files, streamed per file) gives the per-file scan's findings."""
+    import titan.triage.grepfilter as grepfilter
     import titan.triage.pipeline as pipeline
-    import titan.triage.scan as scan
 
-    if scan._GREP is None:
+    if grepfilter.GREP is None:
         pytest.skip("no grep binary")
     _big_logs(tmp_path, 5)
-    monkeypatch.setattr(scan, "GREP_BATCH", 2)  # several batches, a file without hits at a batch edge
+    monkeypatch.setattr(grepfilter, "GREP_BATCH", 2)  # several batches, a file without hits at a batch edge
     batched = triage([tmp_path]).to_dict()
     monkeypatch.setattr(pipeline, "_grep_batchable", lambda p: False)  # every file its own grep
     single = triage([tmp_path]).to_dict()
@@ -240,26 +240,26 @@ def test_one_grep_for_many_files_reads_what_a_grep_per_file_reads(tmp_path: Path
 
 
 def test_a_batch_grep_that_fails_is_rescanned_file_by_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import titan.triage.grepfilter as grepfilter
     import titan.triage.pipeline as pipeline
-    import titan.triage.scan as scan
 
-    if scan._GREP is None:
+    if grepfilter.GREP is None:
         pytest.skip("no grep binary")
     paths = _big_logs(tmp_path, 4)
     want = triage([tmp_path]).to_dict()
     # a file that vanishes after the batch was formed: grep reports it (exit 2) after the others' output
     rules = pipeline.load_rules()
     got = []
-    with pytest.raises(scan.GrepFailed) as ei:
-        for i, hits in scan.grep_many([paths[2], tmp_path / "gone.log", paths[1]], rules):
+    with pytest.raises(grepfilter.GrepFailed) as ei:
+        for i, hits in grepfilter.grep_many([paths[2], tmp_path / "gone.log", paths[1]], rules):
             got.append((i, len(list(hits))))
     assert [i for i, _ in got] == [0, 1, 2] and got[1][1] == 0 and got[0][1] > 0, got
     assert (ei.value.start, ei.value.end) == (0, 3)
-    real = scan.grep_many
+    real = grepfilter.grep_many
 
     def failing(ps, rs):  # the first batch's grep fails after yielding everything
         yield from real(ps, rs)
-        raise scan.GrepFailed(0, len(ps))
+        raise grepfilter.GrepFailed(0, len(ps))
 
     monkeypatch.setattr(pipeline, "grep_many", failing)
     again = triage([tmp_path]).to_dict()

@@ -26,7 +26,9 @@ from titan.triage.method import DEFAULT_SKEW_S, decide
 from titan.triage.model import DEFAULT_ACTION, DEFAULT_SCOPE, Finding, Verdict
 from titan.triage.rules import RuleSet, load_rules
 from titan.triage import scan as _scan
-from titan.triage.scan import _GREP, FileScan, GrepFailed, grep_many, scan_text_file, summary_dict
+from titan.triage.grepfilter import GREP as _GREP
+from titan.triage.grepfilter import GrepFailed, grep_many
+from titan.triage.scan import FileScan, scan_text_file, summary_dict
 from titan.triage.stacks import HEADER_RULE, parse_stacks
 from titan.triage.structured import scan_error_file, scan_fr_dump, scan_nvsmi, sniff
 

@@ -9,28 +9,27 @@ time, throughput) is read from the file's tail only (the failure is at the end o
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import os
 import re
-import shutil
 import subprocess
 from collections import deque
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import Any, Callable, Iterable
 
+from titan.triage.grepfilter import GREP as _GREP
+from titan.triage.grepfilter import GREP_ENV, grep_hit
 from titan.triage.identity import HEAD, global_rank, nccl_prefix, pdsh_host, prefix_host, rank_claim, syslog_host
 from titan.triage.lineparse import line_rank, parse_time, strip_prefixes
 from titan.triage.model import Finding
+from titan.triage.rawline import decode_line, decode_named, last_time, line_time
 from titan.triage.rules import RuleSet
 
-__all__ = ["FileScan", "Progress", "scan_text_file", "grep_many", "GrepFailed", "make_finding", "CHUNK", "TAIL_BYTES"]
+__all__ = ["FileScan", "Progress", "scan_text_file", "make_finding", "CHUNK", "TAIL_BYTES"]
 
 CHUNK = 4 << 20
 TAIL_BYTES = 32 << 10       # progress is read from this much of each file's end
-MAX_LINE = 8 << 10          # a matched line longer than this is cut before matching (huge lines)
 MAX_FINDINGS = 1000         # per file: the first and the last this many are kept
 GREP_MIN_BYTES = 256 << 10  # files this large use the grep -F prefilter
-_GREP = shutil.which("grep")
 _PRINTABLE = bytes(range(32, 256)) + b"\t\n\r\x0b\x0c\x1b"
 
 _NCCL_INIT = re.compile(r"(?:^|(?<=\s))(?P<host>[A-Za-z0-9][\w.-]*):(?P<pid>\d+):\d+ \[(?P<dev>\d+)\] NCCL INFO .*?\brank (?P<rank>\d+) "
@@ -39,7 +38,7 @@ _NCCL_INIT = re.compile(r"(?:^|(?<=\s))(?P<host>[A-Za-z0-9][\w.-]*):(?P<pid>\d+)
 _SECTION = re.compile(r"^==> (?P<name>\S(?:.*\S)?) <==\s*$")
 # NCCL's interface list: "Bootstrap : Using eth0:10.0.0.5<0>", "NET/Socket : Using [0]eth0:10.0.0.5<0> [1]…"
 _NCCL_IF = re.compile(r"(?:\[\d+\])?[\w.-]+:(?P<ip>\d{1,3}(?:\.\d{1,3}){3})<\d+>")
-# a grep -H prefix and/or a collector's stamp in front of each line (see _GREP_H, _COLLECTOR)
+# a grep -H prefix and/or a collector's stamp in front of each line (as titan.triage.rawline reads them)
 _CS = rb"(?:[\w.+/-]+\.(?:log|txt|out|err)[:-](?:\d+[:-])?)?(?:\d{4}-\d\d-\d\dT[\d:.]+(?:Z|[+-]\d\d:\d\d) )?"
 _SUMMARY = re.compile(
     rb"(?m)^" + _CS + rb"\s*time\s*: (?P<time>\S+)\s*\n" + _CS + rb"\s*host\s*: (?P<host>\S+)\s*\n" + _CS
@@ -229,13 +228,13 @@ def around_reader(fd: int, off: int, length: int) -> Callable[[int, int], tuple[
             chunk = os.pread(fd, off - start, start).split(b"\n")
             if start:
                 chunk = chunk[1:]  # a partial line
-            b = [_decode(x) for x in chunk[:-1][-before:]]
+            b = [decode_line(x) for x in chunk[:-1][-before:]]
         if after:
             chunk = os.pread(fd, 16384, off + length + 1)
             parts = chunk.split(b"\n")
             if len(chunk) == 16384:
                 parts = parts[:-1]
-            a = [_decode(x) for x in parts[:after]]
+            a = [decode_line(x) for x in parts[:after]]
         return b, a
 
     return around
@@ -259,78 +258,6 @@ class _Keeper:
 
     def all(self) -> list[Finding]:
         return self.head + list(self.tail)
-
-
-# terminal colour/style sequences (CSI … final byte): logs captured from a terminal or CI keep them in
-# front of prefixes that identity and the rules read (Ray's coloured "(Worker pid=N, ip=A)")
-_ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
-
-
-# a log collector's own stamp in front of every line (kubectl logs --timestamps, docker logs -t, CI log
-# exports): RFC 3339 with "T" and a zone, then one space
-_COLLECTOR = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d{1,9})?(?:Z|[+-]\d\d:\d\d)) (?=\S)")
-
-
-# grep -H / grep -r output pasted as a log: "path/rank3.log:" (a match) or "path/rank3.log-" (context), with
-# -n the line number between the same separators; the name is the original file's (its rank/host hints)
-_GREP_H = re.compile(r"^(?P<name>[\w.+-]+(?:/[\w.+-]+)*\.(?:log|txt|out|err))(?:(?P<s>[:-])\d+(?P=s)|[:-])")
-
-
-def _decode(b: bytes) -> str:
-    return _decode_named(b)[0]
-
-
-def _decode_named(b: bytes) -> tuple[str, str | None]:
-    """The line as its program wrote it, and the file name a ``grep -H`` prefix gave it (or None).
-
-    Cut to ``MAX_LINE``; a CR of a CR LF file, terminal colour sequences, a ``grep -H`` prefix and a
-    log collector's stamp in front (``_COLLECTOR``) are removed.
-    """
-    if len(b) > MAX_LINE:
-        b = b[:MAX_LINE]
-    s = b.decode("utf-8", errors="replace")
-    if s.endswith("\r"):  # a CRLF file (pasted or saved on Windows): the line without its CR
-        s = s.rstrip("\r")
-    if "\x1b" in s:
-        s = _ANSI.sub("", s)
-    name = None
-    if "." in s[:160] and s[:1].isalnum():
-        m = _GREP_H.match(s)
-        if m is not None:
-            name, s = m["name"], s[m.end():]
-    return (_uncollect(s) if s[:1].isdigit() else s), name
-
-
-def _uncollect(s: str) -> str:
-    """A line behind a collector's stamp, read as the program wrote it (prefixes and rules anchored at its start
-    read again); the stamp's time is kept by ``_time`` when the line has none of its own."""
-    m = _COLLECTOR.match(s)
-    return s[m.end():] if m is not None else s
-
-
-def _time(text: str, raw: bytes, year: int) -> float | None:
-    """The line's own time, else the collector's stamp in front of its raw bytes (``_COLLECTOR``)."""
-    t = parse_time(text, year)
-    if t is None and raw[:1].isdigit():
-        m = _COLLECTOR.match(raw[:40].decode("ascii", errors="replace"))
-        if m is not None:
-            t = parse_time(m.group(1), year)
-    return t
-
-
-def _last_time(buf: bytes, end: int, year: int, max_lines: int = 40) -> float | None:
-    """Time of the nearest timestamped line at or before ``end`` in ``buf``."""
-    pos = end
-    for _ in range(max_lines):
-        start = buf.rfind(b"\n", 0, pos) + 1
-        raw = buf[start:min(pos, start + 200)]
-        t = _time(_decode(raw), raw, year)
-        if t is not None:
-            return t
-        if start == 0:
-            return None
-        pos = start - 1
-    return None
 
 
 def scan_text_file(path: Path, display: str, order: int, rules: RuleSet, year: int, *,
@@ -457,11 +384,11 @@ def _scan_python(path: Path, ctx: _Ctx) -> None:
                 e = len(buf) if e < 0 else e
                 cur_line += buf.count(b"\n", pos_line, s)
                 pos_line = s
-                text, name = _decode_named(buf[s:e])
-                t = _time(text, buf[s:s + 40], year)
+                text, name = decode_named(buf[s:e])
+                t = line_time(text, buf[s:s + 40], year)
                 inherited = False
                 if t is None:
-                    t = _last_time(buf, s - 1, year) if s > 0 else None
+                    t = last_time(buf, s - 1, year) if s > 0 else None
                     if t is None:
                         t = run_t if run_t is not None else last_t
                     inherited = t is not None
@@ -471,7 +398,7 @@ def _scan_python(path: Path, ctx: _Ctx) -> None:
             if b"local_rank:" in buf:
                 for sm in _SUMMARY.finditer(buf):
                     _summary(res, ctx.keep, sm, buf, line_base, ctx.display, ctx.order, year)
-            lt = _last_time(buf, len(buf) - 1, year, max_lines=8)
+            lt = last_time(buf, len(buf) - 1, year, max_lines=8)
             if lt is not None:
                 last_t = lt
                 res.timed = True
@@ -484,76 +411,11 @@ def _scan_python(path: Path, ctx: _Ctx) -> None:
 def _scan_grep(path: Path, ctx: _Ctx) -> bool:
     """grep -F prefilter of one file; False if grep failed (the caller falls back to Python)."""
     cmd = [_GREP, "-F", "-n", "-b", "-a", "-f", ctx.rules.keywords_file(), "--", str(path)]
-    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=_GREP_ENV) as proc:
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=GREP_ENV) as proc:
         assert proc.stdout is not None
-        _grep_lines(path, ctx, (h for h in map(_grep_hit, proc.stdout) if h is not None))
+        _grep_lines(path, ctx, (h for h in map(grep_hit, proc.stdout) if h is not None))
         proc.wait()
         return proc.returncode in (0, 1)
-
-
-_GREP_ENV = {"LC_ALL": "C", "PATH": os.environ.get("PATH", "")}
-#: files per ``grep_many`` process (argv stays far below the kernel's limit)
-GREP_BATCH = 128
-
-
-def _grep_hit(raw: bytes) -> tuple[int, int, bytes] | None:
-    """``line:offset:text`` of ``grep -n -b`` → (line, offset, text without the newline)."""
-    ln_s, _, rest = raw.partition(b":")
-    off_s, _, body = rest.partition(b":")
-    try:
-        return int(ln_s), int(off_s), body.rstrip(b"\n")
-    except ValueError:
-        return None
-
-
-def grep_many(paths: Sequence[Path], rules: RuleSet) -> Iterator[tuple[int, Iterator[tuple[int, int, bytes]]]]:
-    """One ``grep -F`` process for many files: ``(index, that file's hits)`` in the order of ``paths``.
-
-    Every index is yielded, a file without hits with an empty iterator; each file's hits must be
-    consumed (or dropped) before the next is asked for — the output streams, memory stays bounded.
-    Cost: one process per ``GREP_BATCH`` files instead of one per file (a fork of this process and
-    its wake-ups per file cost more than grep's own reading on a loaded machine). Raises
-    ``GrepFailed`` at the end of a batch where grep reported an error (the caller rescans it).
-    """
-    for b0 in range(0, len(paths), GREP_BATCH):
-        batch = [str(p) for p in paths[b0:b0 + GREP_BATCH]]
-        index = {name.encode("utf-8", "surrogateescape"): b0 + i for i, name in enumerate(batch)}
-        cmd = [_GREP, "-F", "-n", "-b", "-a", "-H", "-Z", "-f", rules.keywords_file(), "--", *batch]
-        with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=_GREP_ENV) as proc:
-            assert proc.stdout is not None
-            nxt = b0
-
-            def flush(upto: int) -> Iterator[tuple[int, Iterator[tuple[int, int, bytes]]]]:
-                nonlocal nxt
-                while nxt < upto:
-                    yield nxt, iter(())
-                    nxt += 1
-
-            stream = (_named_hit(raw, index) for raw in proc.stdout)
-            for i, group in itertools.groupby(stream, key=lambda x: x[0]):
-                if i < nxt:  # a name grep printed otherwise, or out of order: never expected
-                    continue
-                yield from flush(i)
-                yield i, (h for h in (_grep_hit(raw) for _, raw in group) if h is not None)
-                nxt = i + 1
-            yield from flush(b0 + len(batch))
-            proc.wait()
-            if proc.returncode not in (0, 1):
-                raise GrepFailed(b0, b0 + len(batch))
-
-
-def _named_hit(raw: bytes, index: dict[bytes, int]) -> tuple[int, bytes]:
-    """``name\\0line:offset:text`` of ``grep -H -Z`` → (the name's index, ``line:offset:text``); -1 if unknown."""
-    name, _, rest = raw.partition(b"\0")
-    return index.get(name, -1), rest
-
-
-class GrepFailed(Exception):
-    """grep reported an error for the files ``start`` … ``end - 1`` of a ``grep_many`` call."""
-
-    def __init__(self, start: int, end: int) -> None:
-        super().__init__(f"grep failed for files {start}..{end - 1}")
-        self.start, self.end = start, end
 
 
 def _grep_lines(path: Path, ctx: _Ctx, hits: Iterable[tuple[int, int, bytes]]) -> None:
@@ -565,8 +427,8 @@ def _grep_lines(path: Path, ctx: _Ctx, hits: Iterable[tuple[int, int, bytes]]) -
         ctx.fd = fh.fileno()
         for line_no, off, body in hits:
             end = (line_no, off + len(body))
-            text, name = _decode_named(body)
-            t = _time(text, body, year)
+            text, name = decode_named(body)
+            t = line_time(text, body, year)
             inherited = False
             if t is None:
                 if line_no - prev[0] <= 2 and prev[1] is not None:
@@ -575,7 +437,7 @@ def _grep_lines(path: Path, ctx: _Ctx, hits: Iterable[tuple[int, int, bytes]]) -
                     start = max(0, off - 16384)
                     fh.seek(start)
                     before = fh.read(off - start)
-                    t = _last_time(before, len(before) - 1, year) if before else None
+                    t = last_time(before, len(before) - 1, year) if before else None
                     if t is None:
                         t = prev[1]
                 inherited = t is not None
@@ -646,12 +508,12 @@ def _tail_progress(path: Path, res: FileScan, year: int, file_rank: int | None) 
         if not raw or not (b"step" in raw or b"iter" in raw or b"Step" in raw or b"Iter" in raw or b"batch" in raw
                            or b"'loss'" in raw or b"%|" in raw):
             if not rank_seen and raw[:1] == b"[" and b"rank" in raw[:24]:
-                r0 = line_rank(_decode(raw[:64]))
+                r0 = line_rank(decode_line(raw[:64]))
                 if r0 is not None:
                     res.ranks.add(r0)
                     rank_seen = True
             continue
-        text = _decode(raw)
+        text = decode_line(raw)
         body = strip_prefixes(text)
         pm = _PROGRESS.search(body) or _HF_DICT.search(body)
         tq = _TQDM.search(body[-400:]) if pm is None else None  # a carriage-returned bar: its last state
@@ -659,7 +521,7 @@ def _tail_progress(path: Path, res: FileScan, year: int, file_rank: int | None) 
             continue
         if tq is not None:
             r = line_rank(text) if file_rank is None else file_rank
-            found.append(Progress(t=_time(text, raw, year), rank=r, step=int(tq["step"]), loss=None, step_time=None,
+            found.append(Progress(t=line_time(text, raw, year), rank=r, step=int(tq["step"]), loss=None, step_time=None,
                                   tput=None, file=res.file, line=first_line + i))
             if len(found) >= MAX_PROGRESS:
                 break
@@ -669,9 +531,9 @@ def _tail_progress(path: Path, res: FileScan, year: int, file_rank: int | None) 
         while j < len(lines) and j <= i + 2 and cont.rstrip()[-1:].isalnum():
             nxt = lines[j]
             if not (nxt[:1] in (b" ", b"\t") or nxt[:1].islower()) or _NEW_RECORD.match(nxt) \
-                    or _PROGRESS.search(_decode(nxt[:200])):
+                    or _PROGRESS.search(decode_line(nxt[:200])):
                 break
-            body += " " + _decode(nxt).strip()
+            body += " " + decode_line(nxt).strip()
             cont = nxt
             j += 1
         lm = _LOSS.search(body)
@@ -686,7 +548,7 @@ def _tail_progress(path: Path, res: FileScan, year: int, file_rank: int | None) 
         if sm:
             st = float(sm["v"]) / (1000.0 if (sm["u"] == "ms" or "(ms)" in sm.group(0)) else 1.0)
         gm = _GNORM.search(body)
-        found.append(Progress(t=_time(text, raw, year), rank=r, step=int(pm["step"]) if pm.re is _PROGRESS else
+        found.append(Progress(t=line_time(text, raw, year), rank=r, step=int(pm["step"]) if pm.re is _PROGRESS else
                               first_line + i,  # an HF Trainer dict has no step: its line orders it
                               loss=_float(lm["loss"]) if lm else None, step_time=st,
                               tput=float(tm["v"] or tm["tf"]) if tm else None, file=res.file, line=first_line + i,
@@ -709,7 +571,7 @@ def _tail_progress(path: Path, res: FileScan, year: int, file_rank: int | None) 
     for ln, raw in last[-3:]:  # how the file ends: an error no rule knows (after the last progress) is not silence
         if ln <= last_prog:
             continue
-        text = _decode(raw)
+        text = decode_line(raw)
         if _ERRORISH.search(text):
             res.ending = (ln, text.strip()[:300])
 
