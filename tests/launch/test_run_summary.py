@@ -130,7 +130,8 @@ import os, torch, torch.distributed as dist
 dist.init_process_group("gloo")
 t = torch.ones(1)
 dist.all_reduce(t)
-print("plain", os.environ["RANK"], float(t), flush=True)
+# one write per line: two ranks share the launcher's stdout, and print()'s pieces (unbuffered) interleave
+os.write(1, f"plain {os.environ['RANK']} {float(t)}\\n".encode())
 dist.destroy_process_group()
 '''
 
