@@ -115,17 +115,18 @@ class ClusterServices:
     def serving(self, env: MutableMapping[str, str]) -> Iterator["ClusterServices"]:
         """Start the replica server (when the job can need one) and put its address and the
         replication key into ``env``, the workers' environment; stop it on the way out, after
-        a last ledger sync (bounded: 10 s)."""
+        a last ledger sync (bounded by the store timeout)."""
         try:
             with self._serve(env):
                 yield self
         finally:
+            # On this thread, not a daemon one: a daemon thread still inside TCPStore's C++
+            # connect when the interpreter finalises is killed by a forced unwind, and the
+            # launcher aborts (SIGABRT, "terminate called without an active exception") —
+            # seen when the host node's store went away first. Each store call is bounded by
+            # the sync's own store timeout, so this cannot hang.
             if self.ledger_sync is not None and self._base_store is not None:
-                import threading
-
-                th = threading.Thread(target=self.sync_ledger, kwargs={"when": "at the end"}, daemon=True)
-                th.start()
-                th.join(10.0)
+                self.sync_ledger(when="at the end")
 
     @contextlib.contextmanager
     def _serve(self, env: MutableMapping[str, str]) -> Iterator["ClusterServices"]:
