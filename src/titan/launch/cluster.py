@@ -182,7 +182,8 @@ class ClusterServices:
         try:
             res = self.ledger_sync.sync(store)
         except Exception as e:  # noqa: BLE001 - the ledger is best effort; the local cache stays
-            log.warning("cluster ledger sync (%s) failed: %s", when, e)
+            # At the end the host's store is often gone already (it left first): not a problem.
+            (log.info if when == "at the end" else log.warning)("cluster ledger sync (%s) failed: %s", when, e)
             return None
         if res["merged"] or res["rejected"] or when == "before join":  # a join is worth a line on the timeline
             self.emit("launcher.ledger", f"cluster ledger ({when}): {res['merged']} new strike(s) from "

@@ -99,6 +99,12 @@ def _own_connection(store: Any, timeout_s: float = 5.0) -> Any:
     from torch.distributed import TCPStore
 
     if isinstance(store, TCPStore):
+        import socket
+
+        # A store whose host has already left refuses at once; TCPStore's client would retry
+        # the refused connect for its whole timeout (seconds at the end of every job).
+        with socket.create_connection((store.host, store.port), timeout=min(timeout_s, 1.0)):
+            pass
         return TCPStore(store.host, store.port, is_master=False, wait_for_workers=False,
                         timeout=datetime.timedelta(seconds=timeout_s))
     return store
