@@ -24,7 +24,6 @@ def test_every_public_case_is_well_formed_and_its_first_anomaly_is_a_verbatim_lo
     assert not bad, "malformed public cases:\n" + "\n".join(f"  {k}: {v}" for k, v in bad.items())
 
 
-@pytest.mark.xfail(strict=True, reason="gathering in progress: 15 multi-file (≥ 15, met) but 30/130 = 23.1 % misleading (≥ 25 %)")
 def test_the_corpus_has_the_mix_the_issue_asks_for() -> None:
     n = len(CASES)
     per_class = Counter(c.truth["class"] for c in CASES)
