@@ -77,6 +77,9 @@ FAMILIES: dict[str, tuple[str, str | None, dict[str, str]]] = {
     "pyspy_odd_one_in_io": ("hang", None, {"dump.txt": "".join(f"Process {p}: python train.py\nThread {p} (active): \"MainThread\"\n    all_reduce (torch/distributed/distributed_c10d.py:2000)\n    step (train.py:50)\n\n" for p in (100, 101, 102)) + "Process 103: python train.py\nThread 103 (active): \"MainThread\"\n    save (torch/serialization.py:600)\n    checkpoint (train.py:70)\n"}),
     # Horovod's stall inspector (horovod/common/stall_inspector.cc): some ranks submitted a tensor, the rest never did
     "horovod_stall": ("hang", None, {"a.log": "[2024-01-01 10:00:00.000000: W /tmp/pip/horovod/common/stall_inspector.cc:107] One or more tensors were submitted to be reduced, gathered or broadcasted by subset of ranks and are waiting for remainder of ranks for more than 60 seconds. This may indicate that different ranks are trying to submit different tensors or that only subset of ranks is submitting tensors, which will cause deadlock. \nMissing ranks:\n1: [DistributedAdam_Allreduce/cond/HorovodAllreduce_grads_0]\n"}),
+    # the watchdog line as people quote it: cut after "timeout" (a wrapped terminal, a summary) or its WorkNCCL elided
+    "watchdog_head_only": ("hang", None, {"a.log": "    Watchdog caught collective operation timeout\n    checkTimeout at ProcessGroupNCCL.cpp:733\n"}),
+    "watchdog_description_elided": ("hang", None, {"a.log": W + "[Rank 2] Watchdog caught collective operation timeout: WorkNCCL(... OpType=ALLGATHER ...) ran for 1800093 milliseconds before timing out.\n"}),
     # ---- numerical: autograd anomaly mode (engine.cpp, the function's name quoted), Lightning's finite checks
     "anomaly_mode_quoted": ("numerical", None, {"a.log": TB + "RuntimeError: Function 'LogSoftmaxBackward0' returned nan values in its 0th output.\n"}),
     "lightning_check_finite_loss": ("numerical", None, {"a.log": TB + "ValueError: The loss returned in `training_step` is tensor(nan, device='cuda:0', grad_fn=<MeanBackward0>).\n"}),
@@ -141,6 +144,11 @@ FAMILIES: dict[str, tuple[str, str | None, dict[str, str]]] = {
     # the driver's clean-up (Xid 45 preemptive cleanup, 109 context-switch timeout) alone: that GPU, its cause unseen
     "xid_cleanup_alone": ("gpu_hardware", None, {"dmesg": "[Tue Nov 30 10:00:00 2026] NVRM: Xid (PCI:0000:3b:00): 109, pid=1234, name=python, Ch 00000008, errorString CTX SWITCH TIMEOUT, Info 0x1c039\n"}),
     "xid_94_new_driver": ("gpu_hardware", "exclude_node_and_restart", {"dmesg": "[12.3] NVRM: Xid (PCI:0000:3b:00): 94, pid='<unknown>', name=<unknown>, Contained: SM (0x1). RST: No, D-RST: No\n"}),
+    # NCCL's own CUDA checks (checks.h CUDACHECK "Cuda failure '%s'", cudawrap.h CUCHECK "Cuda failure %d '%s'") with a
+    # device-failure string: the GPU, as the framework's "CUDA error: …" with the same string (a copy may lose the quote)
+    "nccl_cucheck_unknown": ("gpu_hardware", "exclude_node_and_restart", {"a.log": N + "transport/nvls.cc:223 NCCL WARN Cuda failure 999 'unknown error'\n"}),
+    "nccl_cudacheck_not_ready": ("gpu_hardware", "exclude_node_and_restart", {"a.log": N + "init.cc:99 NCCL WARN Cuda failure 'system not yet initialized'\n"}),
+    "nccl_cucheck_launch_cut": ("gpu_hardware", "exclude_node_and_restart", {"a.log": N + "enqueue.cc:1 NCCL WARN Cuda failure 719 'unspecified launch failure\n"}),
     # ---- user_code: CUDA's program-error strings; a device the process cannot see is its configuration
     "cuda_no_device": ("user_code", "fix_code_or_config", {"a.log": "RuntimeError: CUDA error: no CUDA-capable device is detected\n"}),
     "cuda_no_kernel_image": ("user_code", "fix_code_or_config", {"a.log": "RuntimeError: CUDA error: no kernel image is available for execution on the device\n"}),
@@ -319,3 +327,94 @@ def test_the_same_step_non_finite_again_after_a_restart_is_fixed_not_skipped(tmp
     twice = _triage({"a.log": steps(90, 100, 0) + nan1 + nan1 + steps(101, 110, 2)}, tmp_path / "twice")
     assert (resumed.cls, resumed.action) == ("numerical", "fix_code_or_config"), (resumed.action, resumed.steps)
     assert (twice.cls, twice.action) == ("numerical", "skip_step"), (twice.action, twice.steps)
+
+
+def _spy(pid: int, frames: list[str], name: str = "MainThread", header: bool = True, tid: str | None = None) -> str:
+    """One process's ``py-spy dump`` (py-spy src/dump.rs: 'Process %d: %s', 'Thread %s (%s): "%s"', '    %s (%s:%d)')."""
+    head = f"Process {pid}: /usr/bin/python -u train.py\nPython v3.10.12 (/usr/bin/python3.10)\n\n" if header else ""
+    return head + f"Thread {tid or pid} (active): \"{name}\"\n" + "".join(f"    {f}\n" for f in frames)
+
+
+_WAIT = ["all_reduce (torch/distributed/distributed_c10d.py:2050)", "step (train.py:50)", "<module> (train.py:90)"]
+_SAVE = ["write (torch/serialization.py:600)", "save (train.py:70)", "<module> (train.py:90)"]
+
+
+def _pybt(frames: list[tuple[str, int, str]]) -> str:
+    """gdb's py-bt (CPython Tools/gdb/libpython.py): 'Traceback (most recent call first):' + '  File "%s", line %i, in %s'."""
+    return "Traceback (most recent call first):\n" + "".join(f'  File "{f}", line {n}, in {fn}\n' for f, n, fn in frames)
+
+
+_PYBT_WAIT = [("/usr/lib/python3/dist-packages/torch/distributed/distributed_c10d.py", 2050, "all_reduce"),
+              ("train.py", 50, "step"), ("train.py", 90, "<module>")]
+_PYBT_SAVE = [("train.py", 70, "save"), ("train.py", 90, "<module>")]
+
+# stack-dump layouts -> (files, expected culprit): every process but one waits in a collective; the odd one is named
+STACK_LAYOUTS: dict[str, tuple[dict[str, str], dict[str, object]]] = {
+    # pdsh/clush prefix every line with "host: " (the frame's indentation follows it)
+    "pyspy_behind_pdsh": ({"pyspy.txt": "".join(
+        "".join(f"gpu-node-{n}: {ln}\n" for ln in _spy(100 + n, _SAVE if n == 7 else _WAIT).splitlines())
+        for n in (5, 6, 7, 8))}, {"node": "gpu-node-7"}),
+    # pdsh's output piped through dshbak (and clush -b): a '----' / host / '----' block per host
+    "pyspy_dshbak_blocks": ({"pyspy.txt": "".join(
+        f"----------------\ngpu-node-{n}\n----------------\n" + _spy(4242, _SAVE if n == 7 else _WAIT)
+        for n in (5, 6, 7, 8))}, {"node": "gpu-node-7"}),
+    # one file per node (srun --output=trace-%N.out) joined by tail/head: "==> trace-gpu-node-7.out <=="
+    "pyspy_tail_sections": ({"traces.txt": "".join(
+        f"==> trace-gpu-node-{n}.out <==\n" + _spy(4242, _SAVE if n == 7 else _WAIT) + "\n" for n in (5, 6, 7, 8))},
+        {"node": "gpu-node-7"}),
+    # dumps pasted one after the other with a rank label and no Process header; PyTorch names the main thread
+    # "pt_main_thread" (and its autograd threads), so the main thread is the one running the script's <module>
+    "pyspy_rank_labels_thread_names": ({"stacks.txt": "".join(
+        f"rank {r}:\nThread {2000 + r} (idle): \"pt_autograd_0\"\n    wait (threading.py:320)\n"
+        + _spy(1000 + r, _SAVE if r == 2 else _WAIT, name="pt_main_thread", header=False) + "\n" for r in range(4))},
+        {"rank": 2}),
+    # py-spy before 0.3 (and on macOS): hexadecimal thread ids, no thread name
+    "pyspy_hex_tids_no_names": ({"stacks.txt": "".join(
+        f"Process {p}: python train.py\nThread 0x7F6D3C29D7{p % 100:02d} (active)\n"
+        + "".join(f"    {f}\n" for f in (_SAVE if p == 102 else _WAIT)) + "\n" for p in (100, 101, 102, 103))},
+        {"pid": 102}),
+    # gdb -p PID -batch -ex py-bt, one after the other
+    "gdb_pybt_per_process": ({"gdb.txt": "".join(
+        f"Attaching to process {p}\n[Thread debugging using libthread_db enabled]\n"
+        + _pybt(_PYBT_SAVE if p == 301 else _PYBT_WAIT) + f"[Inferior 1 (process {p}) detached]\n"
+        for p in (300, 301, 302, 303))}, {"pid": 301}),
+    # gdb's "thread apply all py-bt" on each rank's process: only the main thread runs <module>
+    "gdb_thread_apply_all_pybt": ({f"rank{r}.gdb.txt": (
+        f"\nThread 2 (Thread 0x7f00000002 (LWP {500 + r}1) \"pt_autograd_0\"):\n"
+        + _pybt([("/usr/lib/python3.10/threading.py", 320, "wait")])
+        + f"\nThread 1 (Thread 0x7f00000001 (LWP {500 + r}) \"python\"):\n"
+        + _pybt(_PYBT_SAVE if r == 1 else _PYBT_WAIT)) for r in range(4)}, {"rank": 1}),
+    # py-spy in a terminal colours the thread id (console's style(): bold yellow) and a capture keeps the escapes
+    "pyspy_ansi_coloured": ({"stacks.txt": "".join(
+        f"Process {p}: python train.py\nThread \x1b[1m\x1b[33m{p}\x1b[0m (active): \"MainThread\"\n"
+        + "".join(f"    {f}\n" for f in (_SAVE if p == 103 else _WAIT)) + "\n" for p in (100, 101, 102, 103))},
+        {"pid": 103}),
+}
+
+
+@pytest.mark.parametrize("layout", sorted(STACK_LAYOUTS))
+def test_stack_dumps_in_every_layout_name_the_process_the_others_wait_for(layout: str, tmp_path: Path) -> None:
+    files, want = STACK_LAYOUTS[layout]
+    v = _triage(files, tmp_path)
+    assert v.cls == "hang" and v.first_anomaly is not None and v.first_anomaly.rule == "stack_dump", (
+        f"{layout}: {v.cls} {v.reason}")
+    got = {k: (v.first_anomaly.pid if k == "pid" else v.culprit.get(k)) for k in want}
+    assert got == want, f"{layout}: culprit {v.culprit} pid {v.first_anomaly.pid}, expected {want} ({v.reason})"
+
+
+def test_the_driver_api_form_of_an_nccl_cuda_failure_is_read_by_its_rule(tmp_path: Path) -> None:
+    """CUCHECK's "Cuda failure %d '%s'" (driver API calls, NCCL 2.12+) is the CUDACHECK message with the error number."""
+    v = _triage({"a.log": N + "transport/nvls.cc:1 NCCL WARN Cuda failure 801 'operation not supported'\n"}, tmp_path)
+    assert (v.cls, v.first_anomaly.rule if v.first_anomaly else None) == ("comm_error", "nccl_cuda_failure"), (
+        v.cls, v.reason)
+
+
+def test_a_tool_s_output_file_name_hints_the_host_it_names_and_no_other() -> None:
+    """Slurm's default output 'slurm-%j.out' names a job, not a host; 'srun --output=trace-%N.out' names the node."""
+    from titan.triage.lineparse import name_hints
+
+    assert name_hints("slurm-123456.out") == (None, None)
+    assert name_hints("trace-jean-zay-iam52.out") == (None, "jean-zay-iam52")
+    assert name_hints("logs/gpu47-dmesg.log") == (None, "gpu47")
+    assert name_hints("train-rank3.log") == (3, None)
+    assert name_hints("trainer-worker-3.log")[1] == "trainer-worker-3"  # a pod's name keeps its words

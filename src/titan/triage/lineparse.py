@@ -115,6 +115,21 @@ _HOSTLIKE = re.compile(r"^(?=.*[a-z])[a-z][a-z0-9-]*\d[a-z0-9-]*$|^(?:node|host|
                        re.IGNORECASE)
 
 
+#: generic words that name a file's kind when joined to a host by '-' ("worker-3" stays: a pod's name)
+_JOINED = (_GENERIC - {"worker", "default"}) | {"pyspy", "stacks", "gdb", "core"}
+
+
+def _ungeneric(tok: str) -> str:
+    """A name token without the generic words joined to it by '-': Slurm's default ``slurm-%j.out`` (a job id, no
+    host), ``trace-%N.out`` (a host), ``dmesg-node3``, ``gpu47-dmesg``."""
+    words = tok.split("-")
+    while len(words) > 1 and words[0].lower() in _JOINED:
+        words = words[1:]
+    while len(words) > 1 and words[-1].lower() in _JOINED:
+        words = words[:-1]
+    return "-".join(words)
+
+
 def name_hints(relpath: str) -> tuple[int | None, str | None]:
     """Rank and host a file's name suggests: ``rank3.log``, ``attempt_0/3/stderr.log``, ``node07/dmesg.log``."""
     rank = None
@@ -127,6 +142,7 @@ def name_hints(relpath: str) -> tuple[int | None, str | None]:
     host = None
     for part in reversed(parts):
         for tok in re.split(r"[._]", part):
+            tok = _ungeneric(tok)
             t = tok.lower()
             if not t or t in _GENERIC or t.isdigit() or _NAME_RANK.fullmatch("." + t) or t.startswith("attempt"):
                 continue
