@@ -19,7 +19,7 @@ from __future__ import annotations
 import re
 
 __all__ = ["HEAD", "nccl_prefix", "syslog_host", "global_rank", "rank_claim", "pdsh_host", "prefix_host",
-           "ray_task_host"]
+           "ray_task_host", "prompt_host", "PROMPT_KEYWORDS"]
 
 #: how far into a line the prefixes are searched
 HEAD = 240
@@ -91,3 +91,17 @@ def ray_task_host(text: str) -> str | None:
     """The worker's IP in Ray's remote-error header (``RayTaskError(X): ray::f() (pid=N, ip=A)``), or None."""
     m = _RAY_TASK.search(text[:HEAD]) if "ray::" in text[:HEAD] else None
     return m["host"] if m else None
+
+
+# a shell prompt pasted with the command's output: bash's default PS1 on Debian/Ubuntu '\u@\h:\w\$ ' ("user@host:~/dir$ cmd",
+# root's ends in '#'), on RHEL/Fedora '[\u@\h \W]\$ ' ("[user@host dir]$ cmd"), behind a virtualenv/conda "(env) "
+_PROMPT = re.compile(r"^(?:\([\w.-]+\) ?)?(?:[a-z_][\w.-]*@(?P<h1>[A-Za-z0-9][\w.-]*):[^\s$#]*|"
+                     r"\[[a-z_][\w.-]*@(?P<h2>[A-Za-z0-9][\w.-]*) [^\]]*\])[$#] ")
+#: literal strings every such prompt line contains (for the scanner's keyword prefilter)
+PROMPT_KEYWORDS = ("$ ", "root@")
+
+
+def prompt_host(text: str) -> str | None:
+    """The host of a shell prompt at the start of a pasted line (what follows is that host's output), or None."""
+    m = _PROMPT.match(text)
+    return (m["h1"] or m["h2"]) if m else None

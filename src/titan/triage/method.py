@@ -40,7 +40,11 @@ _SIGNALS = {-9: "SIGKILL", -15: "SIGTERM", -6: "SIGABRT", -11: "SIGSEGV", -7: "S
             137: "SIGKILL", 143: "SIGTERM", 134: "SIGABRT", 139: "SIGSEGV"}
 #: consequences: a peer's connection went away, the process is taken down after an earlier failure
 _CONSEQUENCE_RULES = ("peer_closed", "nccl_peer_lost", "comm_aborted", "agent_sigterm", "event:dist.error",
-                      "event:worker.stopped")
+                      "event:worker.stopped", "gdb_frame_c10d_teardown")
+#: c10d's own teardown after a failed or timed-out NCCL work (ProcessGroupNCCL.cpp WorkNCCL::handleException, formerly
+#: handleNCCLGuard): its log lines, or its frame in a native backtrace of the aborted process
+_C10D_TEARDOWN = re.compile(r"Some NCCL operations have failed or timed out|taking the entire process down|"
+                            r"WorkNCCL::(?:handleNCCLGuard|handleException)")
 #: a peer's connection went away (reset, closed): a dead peer's consequence, or with no death anywhere the network
 _PEER_LOSS = ("peer_closed", "nccl_peer_lost")
 
@@ -461,6 +465,12 @@ def _from_exits(exits: list[Finding], kept: list[Finding], **base: object) -> Ve
             "operator, or an OOM killer whose kernel log was not collected — add dmesg)")
     elif s in ("SIGSEGV", "SIGBUS"):
         cls, action, reason = "user_code", "fix_code_or_config", f"rank crashed with {s} (native code fault)"
+    elif s == "SIGABRT" and any(f.cls == "comm_error" and _C10D_TEARDOWN.search(f.text) for f in kept):
+        # c10d took the process down itself (its message, or its frame in the core's backtrace): the NCCL failure or
+        # timeout it reacted to is the anomaly, and its own line is not in the inputs
+        cls, action, reason = "comm_error", None, (
+            "rank aborted (SIGABRT) by c10d's NCCL error handling (a failed or timed-out NCCL work taken as fatal); "
+            "the communication failure it reacted to is not in the inputs (add every rank's log)")
     elif s == "SIGABRT":  # a c10d/NCCL abort prints its reason (a comm_error rule); a bare abort is native code
         cls, action, reason = "user_code", "fix_code_or_config", "rank aborted (SIGABRT) with no communication error logged"
     else:

@@ -33,7 +33,10 @@ __all__ = ["Context", "finish", "choose_action", "mechanism_of"]
 _IB_CONFIG_STATUS = {"4", "5", "8", "9", "10", "11"}
 _IB_CONFIG_ASYNC = ("local access violation", "invalid request")
 _SIGNAL_SLURM = {"TIME LIMIT": "restart_from_checkpoint", "PREEMPTION": "restart_from_checkpoint",
-                 "NODE FAILURE": "exclude_node_and_restart"}
+                 "NODE FAILURE": "exclude_node_and_restart",
+                 # sacct/squeue job states and reasons (rule slurm_job_state)
+                 "TIMEOUT": "restart_from_checkpoint", "PREEMPTED": "restart_from_checkpoint",
+                 "BOOT_FAIL": "exclude_node_and_restart", "NodeDown": "exclude_node_and_restart"}
 
 
 @dataclasses.dataclass
@@ -71,8 +74,8 @@ def choose_action(v: Verdict, ctx: Context) -> tuple[str, str]:
     made_progress = bool(ctx.progress)
     if v.action and cls not in ("numerical", "hang", "network"):
         return v.action, "the rule's documented remedy" if rule else "from the exits"
-    if cls == "launcher" and rule == "slurm_cancelled":
-        why = str(f.fields.get("why") or "") if f else ""
+    if cls == "launcher" and rule in ("slurm_cancelled", "slurm_job_state"):
+        why = str(f.fields.get("why") or f.fields.get("why2") or f.fields.get("why3") or "") if f else ""
         return _SIGNAL_SLURM.get(why, "restart_from_checkpoint"), (
             f"the scheduler ended the job ({why or 'cancelled'}): nothing is wrong with the program")
     if cls == "numerical":
@@ -192,6 +195,10 @@ def _network_action(f: Finding | None, kept: list[Finding], made_progress: bool)
                                       "configuration (NCCL_IB_HCA, drivers, container devices), not a broken link")
     net = [x for x in kept if x.cls == "network" and x.role == "cause"]
     recovered = [x for x in kept if x.rule in ("nccl_ib_port_recovered", "kernel_link_up")]
+    if f is not None and f.fields.get("port") is not None:  # a state snapshot (rdma link): that port, seen later up
+        recovered += [x for x in kept if x.rule == "rdma_link_active" and x.fields.get("port") == f.fields["port"]
+                      and (x.t is not None and f.t is not None and x.t >= f.t or x.file == f.file and x.order > f.order
+                           or x.file != f.file and (x.t is None or f.t is None))]
     if f is not None and recovered and any(r.t is None or f.t is None or r.t >= f.t for r in recovered):
         if made_progress:
             return "restart_from_checkpoint", "the port came back (a link flap): transient; restart from the checkpoint"

@@ -118,9 +118,10 @@ def _rule(obj: dict[str, Any], origin: str) -> Rule:
 
 
 #: Lines the scanner reads for facts, not verdicts (NCCL init: pid/host -> rank; NCCL's bootstrap
-#: address: IP -> host; torchrun summaries; `tail`'s "==> file <==" section headers).
+#: address: IP -> host; torchrun summaries; `tail`'s "==> file <==" section headers; a pasted shell prompt
+#: "user@host:~$ cmd", whose host the command's output is — identity.PROMPT_KEYWORDS).
 FACT_KEYWORDS: tuple[str, ...] = ("Init COMPLETE", "Init START", "local_rank:", "Bootstrap : Using", "NET/Socket : Using",
-                                   "==> ")
+                                   "==> ", "$ ", "root@")
 
 
 class RuleSet:

@@ -18,7 +18,8 @@ from typing import Any, Callable, Iterable
 
 from titan.triage.grepfilter import GREP as _GREP
 from titan.triage.grepfilter import GREP_ENV, grep_hit
-from titan.triage.identity import HEAD, global_rank, nccl_prefix, pdsh_host, prefix_host, rank_claim, syslog_host
+from titan.triage.identity import (HEAD, global_rank, nccl_prefix, pdsh_host, prefix_host, prompt_host, rank_claim,
+                                   syslog_host)
 from titan.triage.lineparse import line_rank, parse_time, strip_prefixes
 from titan.triage.model import Finding
 from titan.triage.rawline import decode_line, decode_named, last_time, line_time
@@ -316,6 +317,11 @@ class _Ctx:
                 self.file_host = h or self._own[1]
                 if r is not None:
                     self.res.ranks.add(r)
+                return
+        if "$ " in text or "# " in text:
+            h = prompt_host(text)
+            if h is not None:  # a pasted shell prompt: the command's output that follows is that host's
+                self.file_host = h
                 return
         around = around_reader(self.fd, off, length) if self.fd >= 0 and off >= 0 else None
         file_rank, file_host = self.file_rank, self.file_host

@@ -12,9 +12,10 @@ flight-recorder JSON (``structured``).
 Whose stack it is: a pdsh/clush ``host: ``, srun ``-l`` or torchrun prefix on each line, a
 ``==> file <==`` section, a dshbak/clush ``-b`` block header, a ``rank N`` or host label line
 between dumps, py-spy's ``Process N:`` and gdb's ``Attaching to process N``. A process's main
-thread is the one py-spy names ``MainThread`` (PyTorch renames it ``pt_main_thread`` for the
-OS, which newer py-spy shows), else the thread whose id is the process's, else the one whose
-outermost frame is the script's ``<module>``.
+thread is the one py-spy names ``MainThread``, else the thread whose id is the process's, else
+the one whose outermost frame is the script's ``<module>`` (so a dump whose threads carry other
+names — PyTorch names its threads ``pt_main_thread``, ``pt_autograd_N`` for the OS — still has
+its main thread).
 
 Every process's main-thread stack is reduced to *what it is doing*: waiting in a
 collective (which one), waiting for data (DataLoader, a queue), in file I/O, asleep, or
@@ -36,6 +37,7 @@ import re
 from collections import Counter
 from pathlib import Path
 
+from titan.triage.identity import prompt_host
 from titan.triage.model import Finding
 
 __all__ = ["Proc", "parse_stacks", "analyse", "MAX_BYTES", "HEADER_RULE"]
@@ -263,6 +265,10 @@ def parse_stacks(path: Path, display: str) -> list[Proc]:
             st.pending = [st.cur] if st.cur is not None else []
             continue
         if fm or not stripped or len(stripped) > 80 or (st.cur is not None and not st.cur.frames):
+            continue
+        h = prompt_host(stripped) if ("$ " in stripped or "# " in stripped) else None
+        if h is not None:  # a pasted shell prompt (ssh to a node, then py-spy there): that host's stacks follow
+            st.reset(dataclasses.replace(seg, host=h, rank=None, pid=None))
             continue
         m = _RANK_LABEL.match(stripped)
         if m:
