@@ -407,6 +407,10 @@ STACK_LAYOUTS: dict[str, tuple[dict[str, str], dict[str, object]]] = {
         + _pybt([("/usr/lib/python3.10/threading.py", 320, "wait")])
         + f"\nThread 1 (Thread 0x7f00000001 (LWP {500 + r}) \"python\"):\n"
         + _pybt(_PYBT_SAVE if r == 1 else _PYBT_WAIT)) for r in range(4)}, {"rank": 1}),
+    # dumps found with grep -r over per-rank files: each line behind "logs/rankN.txt:" (its file's name names the rank)
+    "pyspy_behind_grep_H": ({"grep.txt": "".join(
+        "".join(f"logs/rank{r}.txt:{ln}\n" for ln in _spy(100 + r, _SAVE if r == 3 else _WAIT).splitlines())
+        for r in range(4))}, {"rank": 3}),
     # py-spy in a terminal colours the thread id (console's style(): bold yellow) and a capture keeps the escapes
     "pyspy_ansi_coloured": ({"stacks.txt": "".join(
         f"Process {p}: python train.py\nThread \x1b[1m\x1b[33m{p}\x1b[0m (active): \"MainThread\"\n"
