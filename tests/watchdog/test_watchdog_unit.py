@@ -5,10 +5,12 @@ off inside a budgeted phase, and one verdict for two nodes."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -30,6 +32,8 @@ for step in range(1, 1000):
     with b.phase("data"):
         if step == stall_step and how == "data":
             time.sleep(3600)
+        if step == stall_step and how.startswith("pause:"):
+            time.sleep(float(how[6:]))   # a long stall that ends by itself
         time.sleep(0.005)
     with b.phase("forward"):
         time.sleep(0.005)
@@ -163,3 +167,74 @@ def test_straggler_flags_become_events_and_strikes(tmp_path):
     assert flags and flags[0]["data"]["rank"] == 1 and flags[0]["step"] <= 50, [e["data"] for e in flags]
     assert abs(flags[0]["data"]["slowdown"] - 2.0) < 0.05
     assert [x.kind for x in led.strikes("n")][:1] == ["straggler"], "every 2nd flag must be a strike"
+
+
+_PY_SPY = shutil.which("py-spy") or (str(Path(sys.executable).with_name("py-spy"))
+                                     if Path(sys.executable).with_name("py-spy").is_file() else None)
+
+
+@pytest.mark.skipif(_PY_SPY is None, reason="py-spy is not installed")
+@pytest.mark.timeout(60)
+def test_evidence_is_collected_at_suspicion_with_native_frames_of_the_culprit_only(tmp_path):
+    rd = RunDir.create(tmp_path, "r")
+    procs = [_spawn(rd, "n", 0, 2, 12, "wait"), _spawn(rd, "n", 1, 2, 12, "data")]
+    wd = Watchdog(rd, "n", _settings(**{"watchdog.floor_s": 2.0, "watchdog.py_spy": True,
+                                        "watchdog.evidence_lead_s": 1.0, "watchdog.py_spy_wait_s": 10.0}))
+    try:
+        rec = _until(wd, 30)
+        assert rec is not None, "no hang detected within 30 s"
+    finally:
+        for p in procs:
+            p.kill()
+        wd.events.close()
+    assert rec["culprit"]["rank"] == 1, rec["culprit"]
+    cap = rec["capture"]
+    assert cap["started"] == "suspicion" and cap["native"] == [1] and wd.suspicions == 1, cap
+    culprit = Path(rec["evidence"]["1"]["py_spy"]).read_text()
+    peer = Path(rec["evidence"]["0"]["py_spy"]).read_text()
+    # --native on the culprit: the C function it sleeps in; the waiting peer without native frames
+    assert "time_sleep" in culprit and "<module>" in culprit, f"culprit's py-spy: {culprit[:600]}"
+    assert "<module>" in peer and "time_sleep" not in peer, f"peer's py-spy: {peer[:600]}"
+
+
+@pytest.mark.timeout(60)
+def test_a_stall_that_ends_before_its_timeout_drops_its_evidence_and_is_no_hang(tmp_path):
+    rd = RunDir.create(tmp_path, "r")
+    # floor 2 s: evidence from 1.0 s of stall on; the rank sleeps 1.2 s, then goes on. A native
+    # py-spy pausing it must not push it over its timeout (the pause is not counted as stall).
+    proc = _spawn(rd, "n", 0, 1, 30, "pause:1.2")
+    wd = Watchdog(rd, "n", _settings(**{"watchdog.floor_s": 2.0, "watchdog.py_spy": _PY_SPY is not None,
+                                        "watchdog.evidence_lead_s": 1.0}))
+    try:
+        assert _until(wd, 8.0) is None, "a stall shorter than its timeout was declared a hang"
+        assert proc.poll() is None, "the worker must not be killed"
+        assert wd.suspicions >= 1, "the 1.2 s stall never reached its suspicion point (1.0 s): the test tested nothing"
+        assert wd.dropped == wd.suspicions, f"{wd.suspicions} suspicion(s), {wd.dropped} dropped once the rank went on"
+        assert not list(rd.stacks.glob("*.py-spy.txt")), "a dropped capture's py-spy output must be deleted"
+    finally:
+        proc.kill()
+        wd.stop()
+
+
+@pytest.mark.timeout(60)
+def test_the_time_a_native_py_spy_holds_a_suspect_stopped_is_not_counted_as_its_stall(tmp_path, monkeypatch):
+    import titan.watchdog.evidence as evidence
+
+    # A slow native unwind, for real: this "py-spy" stops the process for 1.5 s. The rank's own
+    # stall (1.2 s) is within its 2 s timeout; with the pause it would stand still ~2.5 s.
+    spy = tmp_path / "py-spy"
+    spy.write_text('#!/bin/sh\n[ "$2" = "--native" ] && { kill -STOP "$4"; sleep 1.5; kill -CONT "$4"; }\n'
+                   'echo "fake py-spy $*"\n')
+    spy.chmod(0o755)
+    monkeypatch.setattr(evidence, "_py_spy", lambda: str(spy))
+    rd = RunDir.create(tmp_path, "r")
+    proc = _spawn(rd, "n", 0, 1, 30, "pause:1.2")
+    wd = Watchdog(rd, "n", _settings(**{"watchdog.floor_s": 2.0, "watchdog.py_spy": True,
+                                        "watchdog.evidence_lead_s": 1.0}))
+    try:
+        assert _until(wd, 8.0) is None, "the watchdog's own pause of the rank was declared a hang"
+        assert proc.poll() is None, "the worker must not be killed"
+        assert wd.suspicions >= 1 and wd.dropped == wd.suspicions, (wd.suspicions, wd.dropped)
+    finally:
+        proc.kill()
+        wd.stop()

@@ -43,8 +43,13 @@ class WatchdogConfig:
     init_budget_s: float = 240.0
     dump_wait_s: float = 1.0
     agree_wait_s: float = 1.0
+    #: Start collecting a stalled rank's evidence (stacks, flight recorder, py-spy) this long
+    #: before its timeout (at the earliest half way), so nothing is awaited after the verdict;
+    #: 0 = at the verdict.
+    evidence_lead_s: float = 1.5
     py_spy: bool = True
-    #: How long py-spy may take after the verdict before the workers are killed (delays RTO only).
+    #: How long py-spy may still run after the verdict before the workers are killed (delays
+    #: RTO only); also the most a native py-spy's pause of a suspect is not counted as stall.
     py_spy_wait_s: float = 2.0
     beacon_dir: str = ""
     # stragglers
@@ -84,8 +89,8 @@ class WatchdogConfig:
         require(self.idle_timeout_s > 0, "idle_timeout_s must be > 0", "use e.g. 30")
         require(self.warmup_timeout_s > 0 and self.init_budget_s > 0 and (self.checkpoint_budget_s or 1) > 0,
                 "budgets must be > 0", "use seconds > 0")
-        require(self.dump_wait_s >= 0 and self.agree_wait_s >= 0 and self.py_spy_wait_s >= 0,
-                "waits must be >= 0", "e.g. 1")
+        require(self.dump_wait_s >= 0 and self.agree_wait_s >= 0 and self.py_spy_wait_s >= 0
+                and self.evidence_lead_s >= 0, "waits must be >= 0", "e.g. 1")
         require(self.straggler_window >= 5, "straggler_window must be >= 5 steps", "use e.g. 20")
         require(self.straggler_margin > 0, "straggler_margin must be > 0", "use e.g. 0.3 (30 % slower)")
         require(self.straggler_persist >= 1 and self.straggler_strike_after >= 1,

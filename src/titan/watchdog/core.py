@@ -5,9 +5,14 @@ per file), feeds the phase-duration and step rings into the learned timeouts and
 straggler detector, and checks each live local rank: *stalled* = time since its beacon
 last changed; a hang is a rank stalled longer than its phase's timeout while the rank the
 group waits for (:mod:`titan.watchdog.culprit`) is itself past its own phase budget (so a
-long checkpoint on one rank does not make its waiting peers look hung). On a hang:
+long checkpoint on one rank does not make its waiting peers look hung). Once that rank is
+past its *suspicion point* (``evidence_lead_s`` before its timeout, at the earliest half
+way), the evidence is collected already (:mod:`titan.watchdog.evidence`), so the restart
+waits for nothing after the verdict; the time a native py-spy held a rank stopped does not
+count as its stall (the watchdog must not cause the hang it then declares), and a capture
+whose suspect moves on is dropped. On a hang:
 
-1. evidence from every local rank (:mod:`titan.watchdog.evidence`);
+1. evidence from every local rank (started at suspicion, else now);
 2. this node's rank views into ``<run_dir>/hang/attempt<N>/<node>.json``, then up to
    ``agree_wait_s`` for the other nodes' views (all ranks), then the verdict: the first
    node to hard-link ``verdict.json`` decides, the others adopt it — one culprit per hang;
@@ -23,6 +28,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -32,7 +38,7 @@ from titan.beacon import BeaconSnapshot, beacon_dir, scan_beacons
 from titan.beacon.layout import STATE_RUNNING
 from titan.events import EventWriter, RunDir, atomic_write_json
 from titan.watchdog.culprit import RankView, Verdict, fr_last_seq, identify
-from titan.watchdog.evidence import collect, kill_workers, same_process, wait_spies
+from titan.watchdog.evidence import Capture, add_native, kill_workers, same_process, start_capture
 from titan.watchdog.straggler import StragglerDetector
 from titan.watchdog.strikes import StrikeTracker
 from titan.watchdog.timeouts import PhaseTimeouts
@@ -81,6 +87,11 @@ class Watchdog:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._last_strike_scan = 0.0
+        self._capture: Capture | None = None
+        self._abandoned: list[tuple[subprocess.Popen[bytes], Path]] = []
+        #: Evidence captures started at suspicion, and those dropped because the suspect moved on.
+        self.suspicions = 0
+        self.dropped = 0
 
     # -- lifecycle -------------------------------------------------------------------
     def start(self) -> "Watchdog":
@@ -97,6 +108,8 @@ class Watchdog:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=10)
+        self._drop_capture()
+        self._reap(kill=True)
         try:
             self.strikes.scan(final=True)
         except Exception:  # noqa: BLE001 - shutting down
@@ -131,24 +144,75 @@ class Watchdog:
         if time.monotonic() - self._last_strike_scan > 1.0:
             self._last_strike_scan = time.monotonic()
             self.strikes.scan()
+        self._reap()
         if not local or self._attempt in self._handled:
+            self._drop_capture()
             return None
         attempt = self._attempt
-        worst = None
+        cap = self._capture if self._capture is not None and self._capture.attempt == attempt else None
+        worst, suspect = None, False
         for s in local:
             stalled = (now - s.last_mono_ns) / 1e9
             to, basis = self.timeouts.timeout(s.phase)
-            if stalled > to and (worst is None or stalled / to > worst[1] / worst[2]):
+            eff = stalled - self._paused(cap, s)
+            if eff > to and (worst is None or eff / to > (worst[1] - self._paused(cap, worst[0])) / worst[2]):
                 worst = (s, stalled, to, basis)
-        if worst is None:
+            suspect = suspect or stalled > self._suspect_at(to)
+        if worst is None and not suspect:
+            self._drop_capture()
             return None
         views = [self._view(s, now) for s in local]
         v = identify(views)
         assert v is not None
         cv = next(x for x in views if x.rank == v.rank)
-        if cv.stalled_s <= cv.timeout_s:
-            return None  # the rank everyone waits for is within its own phase budget
-        return self._on_hang(local, views, worst, attempt)
+        cs = next(s for s in local if s.rank == v.rank)
+        if cap is not None and any(not cap.current(s) for s in local if s.rank in cap.native):
+            self._drop_capture()  # the suspect moved on: not this stall's evidence
+            cap = None
+        if worst is None or cv.stalled_s - self._paused(cap, cs) <= cv.timeout_s:
+            # Not a hang (yet): the rank everyone waits for is within its own phase budget.
+            # Past its suspicion point, collect the evidence now, while the verdict ripens.
+            if cap is None and cv.stalled_s > self._suspect_at(cv.timeout_s):
+                self._capture = start_capture(local, self.rd.stacks, attempt=attempt, py_spy=self.cfg.py_spy,
+                                              native={cv.rank}, why="suspicion")
+                self.suspicions += 1
+                log.info("rank %d stalled %.1fs in %s (timeout %.1fs): collecting evidence", cv.rank, cv.stalled_s,
+                         cv.phase, cv.timeout_s)
+            return None
+        return self._on_hang(local, views, worst, attempt, cap)
+
+    # -- early evidence ------------------------------------------------------------------
+    def _suspect_at(self, timeout_s: float) -> float:
+        """Stall after which a rank's evidence is collected (``evidence_lead_s`` before its
+        timeout, not before half of it; the timeout itself when the lead is 0)."""
+        lead = self.cfg.evidence_lead_s
+        return timeout_s if lead <= 0 else max(0.5 * timeout_s, timeout_s - lead)
+
+    def _paused(self, cap: Capture | None, s: BeaconSnapshot) -> float:
+        """Seconds of ``s``'s current stall that a native py-spy of ours held it stopped."""
+        if cap is None or not cap.current(s):
+            return 0.0
+        return cap.paused_s(s.rank, self.cfg.py_spy_wait_s)
+
+    def _drop_capture(self) -> None:
+        if self._capture is not None:
+            log.info("suspicion cleared; dropping the evidence collected since %s", self._capture.why)
+            self._abandoned.extend(self._capture.abandon())
+            self._capture = None
+            self.dropped += 1
+
+    def _reap(self, kill: bool = False) -> None:
+        """Delete the py-spy output of dropped captures once their py-spy ended (``kill``: end it)."""
+        left = []
+        for proc, path in self._abandoned:
+            if kill and proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            if proc.poll() is None:
+                left.append((proc, path))
+            else:
+                path.unlink(missing_ok=True)
+        self._abandoned = left
 
     def _view(self, s: BeaconSnapshot, now: int) -> RankView:
         return RankView(node=s.node, rank=s.rank, local_rank=s.local_rank, pid=s.pid, attempt=s.attempt, step=s.step,
@@ -189,11 +253,18 @@ class Watchdog:
 
     # -- hangs -------------------------------------------------------------------------
     def _on_hang(self, local: list[BeaconSnapshot], views: list[RankView],
-                 worst: tuple[BeaconSnapshot, float, float, str], attempt: int) -> dict[str, Any]:
+                 worst: tuple[BeaconSnapshot, float, float, str], attempt: int,
+                 cap: Capture | None) -> dict[str, Any]:
         t_trigger = time.time()
         self._handled.add(attempt)
         trig, stalled, to, basis = worst
-        evidence, spies = collect(local, self.rd.stacks, wait_s=self.cfg.dump_wait_s, py_spy=self.cfg.py_spy)
+        if cap is None:
+            self._reap(kill=True)  # a dropped capture's py-spy must not write into this one's files
+            cap = start_capture(local, self.rd.stacks, attempt=attempt, py_spy=self.cfg.py_spy,
+                                native={identify(views).rank}, why="verdict")  # type: ignore[union-attr]
+        self._capture = None
+        cap.wait_dumps(self.cfg.dump_wait_s)
+        evidence = cap.evidence()
         for v in views:
             fr = evidence.get(v.rank, {}).get("flight_recorder")
             v.fr_seq = fr_last_seq(fr) if fr else None
@@ -206,6 +277,9 @@ class Watchdog:
         all_views, all_evidence = self._gather(hang_dir, world)
         verdict, decided = self._decide(hang_dir, identify(list(all_views.values())))
         t_done = time.time()
+        mine = next((s for s in local if s.rank == verdict.rank and s.node == verdict.node), None)
+        if mine is not None and add_native(cap, mine, self.rd.stacks, py_spy=self.cfg.py_spy):
+            all_evidence.setdefault(str(mine.rank), {})["py_spy"] = str(cap.evidence()[mine.rank]["py_spy"])
         culprit_view = all_views.get(verdict.rank)
         stall_start = (culprit_view.last_wall_ns / 1e9) if culprit_view else (t_trigger - stalled)
         rec = {
@@ -213,7 +287,8 @@ class Watchdog:
             "reason": verdict.reason, "detail": verdict.detail, "attempt": attempt,
             "trigger": {"rank": trig.rank, "phase": trig.phase, "stalled_s": stalled, "timeout_s": to, "basis": basis},
             "detection_latency_s": t_done - stall_start, "evidence_s": t_done - t_trigger,
-            "evidence": all_evidence, "decided_by": self.node if decided else "another node",
+            "evidence": all_evidence, "capture": cap.summary(self.cfg.py_spy_wait_s),
+            "decided_by": self.node if decided else "another node",
             "views": [v.to_dict() for v in sorted(all_views.values(), key=lambda x: x.rank)],
             "verdict_file": str(hang_dir / "verdict.json"),
         }
@@ -226,7 +301,7 @@ class Watchdog:
             self.strikes.add("hang", f"rank {verdict.rank} stuck in {verdict.phase} at step {verdict.step}",
                              fault_t=stall_start)
         t_spy = time.monotonic()
-        spied = wait_spies(spies, self.cfg.py_spy_wait_s) if spies else 0  # needs the processes alive
+        spied = cap.wait_spies(self.cfg.py_spy_wait_s) if cap.spies else 0  # needs the processes alive
         if self.kill:
             pids = kill_workers(local)
             self._killed.update(pids)
