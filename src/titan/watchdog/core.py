@@ -108,7 +108,9 @@ class Watchdog:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=10)
-        self._drop_capture()
+        if self._capture is not None:
+            self._abandoned.extend(self._capture.abandon())
+            self._capture = None
         self._reap(kill=True)
         try:
             self.strikes.scan(final=True)
@@ -173,6 +175,7 @@ class Watchdog:
             # Not a hang (yet): the rank everyone waits for is within its own phase budget.
             # Past its suspicion point, collect the evidence now, while the verdict ripens.
             if cap is None and cv.stalled_s > self._suspect_at(cv.timeout_s):
+                self._reap(kill=True)  # a dropped capture's py-spy must not write into this one's files
                 self._capture = start_capture(local, self.rd.stacks, attempt=attempt, py_spy=self.cfg.py_spy,
                                               native={cv.rank}, why="suspicion")
                 self.suspicions += 1
