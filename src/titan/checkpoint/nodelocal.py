@@ -294,12 +294,13 @@ def _assemble(ck: "Checkpointer", lay: Layout, invs: list[dict[str, Any]], step:
 
 
 def restore_nodelocal(ck: "Checkpointer", lay: Layout, app_state: Mapping[str, Any], snap_step: int,
-                      load_disk: Any, corrupt: Any) -> tuple[int, bool, int]:
+                      load_disk: Any, corrupt: Any, memory_note: str | None = None) -> tuple[int, bool, int]:
     """Choose and load the newest step every file of which exists on some node.
 
     Collective on ``ck._ctl``. Returns (step loaded or 0, whether a load touched the live
     state, how many candidates were tried). ``load_disk(path, manifest)`` and
-    ``corrupt(paths, problems)`` are the shared-storage restore's own steps.
+    ``corrupt(paths, problems)`` are the shared-storage restore's own steps;
+    ``memory_note`` says why a newer in-memory snapshot was not used (``ckpt.loaded``'s ``memory``).
     """
     from torch.distributed.checkpoint.api import CheckpointException
 
@@ -336,8 +337,9 @@ def restore_nodelocal(ck: "Checkpointer", lay: Layout, app_state: Mapping[str, A
                         fetched[n] = fetched.get(n, 0) + k
                 ck.ctx.events.emit("ckpt.loaded", f"resumed from {path.name} (node-local"
                                    + (f"; {sum(fetched.values())} file(s) fetched from {', '.join(sorted(fetched))}"
-                                      if fetched else "") + ")", step=step, data={
-                    "step": step, "path": str(path), "source": "disk", "storage": "node-local",
+                                      if fetched else "") + ")" + (f" (in memory: {memory_note})" if memory_note else ""),
+                                   step=step, data={
+                    "step": step, "path": str(path), "source": "disk", "storage": "node-local", "memory": memory_note,
                     "verify_s": assemble_s, "load_s": time.monotonic() - t1, "bytes": manifest.get("bytes", 0),
                     "verified_bytes": sum(r["verified_bytes"] for r in reports),
                     "fetched_files": sum(fetched.values()), "fetched_from": fetched,

@@ -172,7 +172,7 @@ def _restore_nodelocal(ck: "Checkpointer", lay: Any, app_state: Mapping[str, Any
 
     # A memory snapshot at least as new as a disk step wins (as on shared storage).
     step, touched, tried = restore_nodelocal(ck, lay, app_state, mem[1] if mem else 0,
-                                             lambda path, m: _load_disk(ck, path, m, app_state), corrupt)
+                                             lambda path, m: _load_disk(ck, path, m, app_state), corrupt, why_not)
     if step:
         _forget_newer(ck, step)
         return step
