@@ -28,9 +28,11 @@ Every child is ended by PID on the way out; every mount, rule and namespace is r
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
+import shutil
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -254,6 +256,12 @@ def run_plan_drill(cfg: PlanDrill, *, cwd: Path, env: dict[str, str] | None = No
             inj.heal_all()
         if topo is not None:
             topo.destroy()
+            from titan.chaos.jobs import node_memory_dir
+
+            mem = node_memory_dir(rd, 0).parent
+            shutil.rmtree(mem, ignore_errors=True)  # every node's snapshots: RAM
+            with contextlib.suppress(OSError):
+                mem.parent.rmdir()  # the shared root, once no other drill uses it
         for u in reversed(undos):
             try:
                 u()

@@ -229,15 +229,21 @@ class OSInjector:
             tree = kill_tree(launcher)
         except Exception:  # noqa: BLE001 - a launcher that does not die is a failed injection
             raise TitanError(f"node {lost}'s launcher (pid {launcher.pid}) survived SIGKILL") from None
+        from titan.chaos.jobs import node_memory_dir
+
         folder = self._ckpt_root(lost)
         files = [p for p in folder.rglob("*") if p.is_file()] if folder.exists() else []
         size = sum(p.stat().st_size for p in files)
         if folder.exists():
             shutil.rmtree(folder)
+        memory = node_memory_dir(self.rd, i)  # its RAM goes too: the in-memory snapshots
+        held = [p for p in memory.rglob("*") if p.is_file()] if memory.exists() else []
+        shutil.rmtree(memory, ignore_errors=True)
         emit_inject(self.rd, "driver", "node_loss", f"node {lost} lost: {len(tree)} process(es) SIGKILLed, "
-                    f"{len(files)} file(s) of its folder deleted; a replacement starts with an empty folder",
-                    step=f.step, rank=None, lost_node=lost, pids=tree, deleted_files=len(files), deleted_bytes=size,
-                    folder=str(folder))
+                    f"{len(files)} file(s) of its folder and {len(held)} of its memory deleted; a replacement "
+                    "starts with an empty folder", step=f.step, rank=None, lost_node=lost, pids=tree,
+                    deleted_files=len(files), deleted_bytes=size, folder=str(folder), memory=str(memory),
+                    deleted_memory_files=len(held))
         job.restart_node(i)
 
     def _inject_noop(self, f: FaultSpec, ev: Event, node: str) -> None:

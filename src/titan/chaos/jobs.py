@@ -90,6 +90,19 @@ def node_ckpt_dir(rd: RunDir, i: int) -> Path:
     return node_folder(rd.path / "chaos", i)
 
 
+#: Where namespace nodes keep their in-memory snapshots (tmpfs, like the default ``/dev/shm/titan``).
+NODE_MEMORY_ROOT = Path("/dev/shm/titan-drill")
+
+
+def node_memory_dir(rd: RunDir, i: int) -> Path:
+    """Node ``i``'s own ``checkpoint.snapshot_dir`` in a multi-node drill: on one machine every
+    namespace node would otherwise read the others' ``/dev/shm``; a lost node loses it."""
+    import hashlib
+
+    key = hashlib.sha256(str(rd.path.resolve()).encode()).hexdigest()[:10]
+    return NODE_MEMORY_ROOT / f"{rd.run_id}-{key}" / f"node{i}"
+
+
 def job_cmd(cfg: "PlanDrill", rd: RunDir, *, node: int | None = None, topo: Any = None,
             port: int = 29517, sets: list[str] | None = None, launcher_args: tuple[str, ...] = ()) -> list[str]:
     """``titan run …`` for one node of the drilled job: the user's script (``cfg.script``,
@@ -107,7 +120,7 @@ def job_cmd(cfg: "PlanDrill", rd: RunDir, *, node: int | None = None, topo: Any 
             "--nnodes", str(cfg.nodes), "--nproc-per-node", str(cfg.nproc // cfg.nodes),
             "--rdzv-endpoint", f"{topo.addr(0)}:{port}", "--local-addr", topo.addr(node), "--node-id", f"node{node}",
             "--rdzv-conf", f"is_host={1 if node == 0 else 0},last_call_timeout=3,keep_alive_interval=1,"
-                           "keep_alive_max_attempt=3"]
+                           "keep_alive_max_attempt=3", "--set", f"checkpoint.snapshot_dir={node_memory_dir(rd, node)}"]
     else:
         cmd += ["--nproc-per-node", str(cfg.nproc), "--node-id", "node0"]
     for s in sets or []:
