@@ -75,6 +75,8 @@ def main() -> None:
     p.add_argument("--width", type=int, default=1024)
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--json", default="")
+    p.add_argument("--profile", default="", help="cProfile each variant's blocks after the first pair (main "
+                   "thread only) into PREFIX.<variant>.rank<r>.pstats")
     a = p.parse_args()
     torch.set_num_threads(1)
     from titan.integrations.transformers import TitanCallback
@@ -93,18 +95,30 @@ def main() -> None:
         if name == "titan":
             guarded[name] = TitanCallback(tr, done_at_train_end=False)  # train() runs once per block
         trainers[name] = tr
+    profs = {}
+    if a.profile:
+        import cProfile
+
+        profs = {"plain": cProfile.Profile(), "titan": cProfile.Profile()}
     load0 = os.getloadavg()[0]
     guard_s, guard_n = 0.0, 0  # the guard's own time, blocks after the first (warm-up) only
     for b in range(2 * a.blocks):
         name = ("plain", "titan")[b % 2]
         g = guarded["titan"].step
         before = (g.guard_s, g.step_count) if g is not None else (0.0, 0)
+        prof = profs.get(name) if b > 1 else None
+        if prof is not None:
+            prof.enable()
         trainers[name].train()
+        if prof is not None:
+            prof.disable()
         g = guarded["titan"].step
         if name == "titan" and b > 1 and g is not None:
             guard_s, guard_n = guard_s + g.guard_s - before[0], guard_n + a.block
     load1 = os.getloadavg()[0]
     rank = int(os.environ.get("RANK", "0"))
+    for name, prof in profs.items():
+        prof.dump_stats(f"{a.profile}.{name}.rank{rank}.pstats")
     res = {}
     for name, t in timing.items():
         rows = t.rows[1:]  # the first step of a run carries DDP's set-up

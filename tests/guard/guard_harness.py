@@ -91,6 +91,8 @@ def run_scenario(sc: dict[str, Any], rank: int, world: int, out: Path) -> dict[s
     results: list[dict[str, Any]] = []
     raised = None
 
+    ride = bool(sc.get("ride")) and guard is not None
+
     def fwd_bwd(s: int) -> torch.Tensor:
         opt.zero_grad(set_to_none=True)
         total = torch.zeros(())
@@ -100,6 +102,8 @@ def run_scenario(sc: dict[str, Any], rank: int, world: int, out: Path) -> dict[s
             with ctx:
                 loss = nn.functional.cross_entropy(model(x[idx]), y[idx])
                 loss = inj.loss(loss) / accum
+                if ride:  # the loss before its backward: the verdict rides DDP's all-reduce
+                    guard.add_loss(loss)
                 (scaler.scale(loss) if scaler is not None else loss).backward()
             total += loss.detach()
         return total
@@ -114,6 +118,11 @@ def run_scenario(sc: dict[str, Any], rank: int, world: int, out: Path) -> dict[s
 
     if guard is not None and sc.get("snapshot_at"):
         guard._rollback = rollback
+    if guard is not None and sc.get("perturb_norm_at") and rank == 1:
+        # A rank that computes another global norm from the same reduced gradients (the
+        # premise riding rests on, broken on purpose at one step).
+        own = guard.check.norm_slot
+        guard.check.norm_slot = lambda: own() * (1.0 + 1e-3) if step_now["s"] == sc["perturb_norm_at"] else own()
     try:
         s = 0
         while s < steps:
@@ -133,13 +142,19 @@ def run_scenario(sc: dict[str, Any], rank: int, world: int, out: Path) -> dict[s
                 samples = [i for m in range(accum) for i in batch_indices(s, rank, world, bs, m, accum)]
                 if sc.get("verify_at") == [rank, s]:
                     guard.request_replay()
-                r = guard.step(lambda: fwd_bwd(s), samples=samples)
+                if ride:
+                    fwd_bwd(s)
+                    rode = guard.check._ride is not None
+                    r = guard.step(samples=samples)
+                else:
+                    rode = False
+                    r = guard.step(lambda: fwd_bwd(s), samples=samples)
                 results.append({"step": r.step, "loss": r.loss, "grad_norm": r.grad_norm, "skipped": r.skipped,
                                 "reason": r.reason, "classification": r.classification, "culprit": r.culprit,
                                 "escalation": r.escalation,
                                 "scale": scaler.get_scale() if scaler is not None else None,
                                 "rolled_back_to": r.rolled_back_to, "replay_match": r.replay_match,
-                                "lr": r.lr})
+                                "lr": r.lr, "rode": rode})
                 if r.rolled_back_to is not None:
                     s = r.rolled_back_to
             if s == sc.get("snapshot_at") and not snapshot:

@@ -46,6 +46,19 @@ SCENARIOS = [
         {"kind": "nan_grad", "rank": 1, "param": "3.weight", "step": 2}]},
     {"name": "fsdp", "steps": 8, "wrap": "fsdp", "faults": [
         {"kind": "nan_activation", "rank": 1, "module": "3", "step": 4}]},
+    # The loss handed over before the backward (add_loss + step()): the verdict rides DDP's
+    # last gradient bucket, no exchange after the backward.
+    # (No closure, no replay: each fault counts as persistent; 3 of them would lower the LR.)
+    {"name": "nan_inf_ride", "steps": 12, "ride": True, "bucket_cap_mb": 0.002, "policy": {"persistent_k": 4},
+     "faults": [
+        {"kind": "nan_grad", "rank": 0, "param": "5.weight", "step": 1},
+        {"kind": "nan_grad", "rank": 1, "param": "3.weight", "step": 5},
+        {"kind": "inf_grad", "rank": 0, "param": "0.bias", "step": 9}]},
+    {"name": "accum_ride", "steps": 8, "accum": 2, "ride": True, "faults": [
+        {"kind": "nan_grad", "rank": 1, "param": "5.weight", "step": 4}]},
+    {"name": "spikes_ride", "steps": 140, "ride": True, "policy": {"persistent_k": 100}, "faults": [
+        {"kind": "loss_spike", "rank": r, "step": s, "factor": 3.0} for s, r in zip(SPIKE_STEPS, SPIKE_RANKS)]},
+    {"name": "ride_mismatch", "steps": 10, "ride": True, "perturb_norm_at": 5},
 ]
 
 
@@ -84,9 +97,10 @@ def test_nan_and_inf_on_one_rank_skip_everywhere_and_name_rank_node_param(world2
 
 def test_weights_after_skips_are_bitwise_those_of_a_plain_loop_without_titan(world2) -> None:
     _, out = world2
-    for name in ("nan_inf", "accum"):
+    for name, ref in (("nan_inf", "nan_inf_plain"), ("accum", "accum_plain"),
+                      ("nan_inf_ride", "nan_inf_plain"), ("accum_ride", "accum_plain")):
         for r in (0, 1):
-            got, want = params(out, name, r), params(out, f"{name}_plain", r)
+            got, want = params(out, name, r), params(out, ref, r)
             diff = [k for k in want if not torch.equal(got[k], want[k])]
             assert not diff, f"{name} rank {r}: expected bitwise-equal weights, differing: {diff}"
 
@@ -113,6 +127,54 @@ def test_three_x_loss_spikes_on_one_rank_are_all_caught_with_the_default_policy(
     for s, r in zip(SPIKE_STEPS, SPIKE_RANKS):
         assert flagged[s]["culprit"]["ranks"] == [r], (s, r, flagged[s]["culprit"])
         assert flagged[s]["classification"] == "transient", flagged[s]
+
+
+def test_riding_ddps_all_reduce_skips_the_same_steps_and_names_the_same_culprits(world2) -> None:
+    res, out = world2
+    for r in (0, 1):
+        sc = res[r]["nan_inf_ride"]
+        assert sc["raised"] is None, sc["raised"]
+        assert all(s["rode"] for s in sc["steps"]), [s["rode"] for s in sc["steps"]]
+        skips = _skips(sc)
+        assert sorted(skips) == [1, 5, 9], f"rank {r}: expected steps 1, 5 and 9 skipped, saw {sorted(skips)}"
+        got = [(skips[s]["culprit"]["ranks"], skips[s]["culprit"]["params"],
+                skips[s]["culprit"]["culprits"][0]["values"]) for s in (1, 5, 9)]
+        assert got == [([0], ["5.weight"], ["nan"]), ([1], ["3.weight"], ["nan"]), ([0], ["0.bias"], ["inf"])], got
+        accum = res[r]["accum_ride"]
+        assert all(s["rode"] for s in accum["steps"]) and sorted(_skips(accum)) == [4], accum["steps"]
+        assert _skips(accum)[4]["culprit"]["ranks"] == [1]
+        assert [s["grad_norm"] for s in res[r]["nan_inf_ride"]["steps"]] == \
+            [s["grad_norm"] for s in res[1 - r]["nan_inf_ride"]["steps"]]
+    ev = _kinds(out, "nan_inf_ride", 0, "guard.nonfinite")
+    assert [e["data"]["ranks"] for e in ev] == [[0], [1], [0]], ev
+
+
+def test_riding_catches_every_loss_spike_on_one_rank(world2) -> None:
+    res, _ = world2
+    sc = res[0]["spikes_ride"]
+    assert sc["raised"] is None, sc["raised"]
+    assert all(s["rode"] for s in sc["steps"])
+    flagged = {s["step"]: s for s in sc["steps"] if s["reason"]}
+    assert sorted(flagged) == SPIKE_STEPS, sorted(flagged)
+    for s, r in zip(SPIKE_STEPS, SPIKE_RANKS):
+        assert flagged[s]["culprit"]["ranks"] == [r], (s, r, flagged[s]["culprit"])
+    assert res[0]["spikes_ride"]["state"] == res[1]["spikes_ride"]["state"], "the ranks' statistics differ"
+
+
+def test_ranks_that_compute_different_norms_are_reported_and_the_guard_stops_riding(world2) -> None:
+    res, out = world2
+    for r in (0, 1):
+        sc = res[r]["ride_mismatch"]
+        assert sc["raised"] is None, sc["raised"]
+        # Step 5's norms differ; step 6's vector carries them: reported there, then exchanged.
+        assert [s["rode"] for s in sc["steps"]] == [True] * 6 + [False] * 4, [s["rode"] for s in sc["steps"]]
+        assert not _skips(sc)
+    ev = _kinds(out, "ride_mismatch", 0, "guard.norm_mismatch")
+    assert [e["step"] for e in ev] == [5], ev
+    a, b = ev[0]["data"]["norms"]
+    assert a != b and abs(a - b) / a < 2e-3, ev[0]["data"]
+    st = [res[r]["ride_mismatch"]["state"] for r in (0, 1)]
+    assert st[0] == st[1], "the ranks' statistics differ: a rank's own norm entered them"
 
 
 def test_one_shot_fault_is_transient_and_struck_against_its_node(world2) -> None:

@@ -31,7 +31,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from titan.guard.core import StepGuard, StepResult
     from titan.guard.decision import Observation, Verdict
 
-__all__ = ["apply", "skip", "describe_culprit", "report_fault", "report_replay", "report_verify", "maybe_escalate",
+__all__ = ["apply", "skip", "describe_culprit", "report_fault", "report_replay", "report_verify",
+           "report_norm_mismatch", "maybe_escalate",
            "rollback", "lower_lr", "effective_lr", "unguarded_step"]
 
 log = logging.getLogger(__name__)
@@ -102,6 +103,14 @@ def report_verify(g: "StepGuard", s: int, obs: "Observation", obs2: "Observation
                 "local_norms": [[_j(a), _j(b)] for a, b in zip(obs.local_norms, obs2.local_norms)]})
 
 
+def report_norm_mismatch(g: "StepGuard", s: int, norms: tuple[float, ...]) -> None:
+    """Ranks computed different global norms from the same reduced gradients (a premise of
+    riding DDP's all-reduce, :mod:`titan.guard.ddp`): from now on the guard exchanges rank 0's."""
+    _emit(g, "guard.norm_mismatch", f"step {s}: ranks computed different gradient norms from the same reduced "
+          "gradients; the guard exchanges the norm separately from now on", level="error", step=s,
+          data={"step": s, "norms": [_j(x) for x in norms]})
+
+
 def skip(g: "StepGuard", s: int, v: "Verdict", res: "StepResult") -> None:
     """Skip the update identically on every rank (see the module docstring)."""
     res.skipped = True
@@ -145,7 +154,10 @@ def apply(g: "StepGuard", obs: "Observation") -> None:
             torch.nn.utils.clip_grads_with_norm_(g.check.params, g.max_norm, total)
     _optimizer_and_schedule(g)
     g.loss_stats.add(obs.losses)
-    g.grad_stats.add([obs.grad_norm])
+    if obs.norm_exchanged:
+        g.grad_stats.add([obs.grad_norm])
+    else:  # each rank's own norm: it enters the statistics once exchanged, with the next step
+        g._pending_norm = (obs.raw_norm, obs.scale)
 
 
 def maybe_escalate(g: "StepGuard", s: int, res: "StepResult") -> None:

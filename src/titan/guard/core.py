@@ -10,6 +10,11 @@ gradient accumulation with ``no_sync`` / ``require_backward_grad_sync`` included
         loss.backward()                  # or scaler.scale(loss).backward()
         res = guard.step(loss)           # replaces clip_grad_norm_ / optimizer.step / scheduler.step
 
+Or, before each backward, it hands the guard the micro-batch's loss (``guard.add_loss(loss)``)
+and calls ``guard.step()`` after the last one: under DDP the verdict's exchange then rides
+the gradients' own all-reduce (no second synchronisation per step; ``titan.guard.ddp``) —
+what the framework integrations do (``titan.integrations``).
+
 Or it hands a closure that zeroes the gradients and runs forward/backward of every
 micro-batch of one step — the guard can then *replay* a faulty step to tell a transient
 from a persistent fault (``res = guard.step(fwd_bwd, samples=batch_indices)``).
@@ -33,7 +38,7 @@ from torch import nn
 
 from titan.guard import actions
 from titan.guard.checks import make_check
-from titan.guard.decision import Observation, Verdict, exchange, gather_objects, judge
+from titan.guard.decision import Observation, Verdict, exchange, gather_objects, judge, observe, step_vector
 from titan.guard.escalation import Escalator
 from titan.guard.progress import StepProgress
 from titan.guard.rng import capture_rng, restore_rng
@@ -108,6 +113,16 @@ class StepGuard:
         # Before the check registers DDP's one comm hook: a drill's collective hang wraps it.
         self.progress = StepProgress(self, ctx, step_events=step_events)
         self.check = make_check(model, process_group) if p.enabled else None
+        self._loss_sum: torch.Tensor | None = None  # add_loss: this step's losses so far
+        self._loss_n = 0
+        self._ride_loss: Any = None
+        self._ride_units: torch.Tensor | None = None
+        #: (norm, loss scale) of the last applied step whose norm each rank computed itself;
+        #: exchanged with the next step's vector before it enters the statistics.
+        self._pending_norm: tuple[float, float] | None = None
+        self._ride_ok = True  # off for good once ranks' own norms were seen to differ
+        if self.check is not None and hasattr(self.check, "ride"):
+            self.check.ride = self._ride_vector
         self.progress.attach_faults()
         if self.events is not None:  # what `titan run`'s capability report reads
             self.events.emit("guard.armed", f"step guard {'on (' + self.check.mode + ')' if self.check else 'off'}",
@@ -152,18 +167,83 @@ class StepGuard:
         """
         return actions.rollback(self, reason)
 
+    # --- the loss --------------------------------------------------------------------
+    def add_loss(self, loss: Any) -> None:
+        """Count one micro-batch's loss toward the next :meth:`step` called without a loss
+        (their mean is the step's loss). Given before the backward that reduces the
+        gradients, it lets the verdict's exchange ride DDP's gradient all-reduce; given
+        after, the guard exchanges it separately. Cost: one detach (no host sync)."""
+        t = loss.detach().float().reshape(-1).mean() if isinstance(loss, torch.Tensor) else \
+            torch.tensor(float(loss), dtype=torch.float32)
+        self._loss_sum = t if self._loss_sum is None else self._loss_sum + t
+        self._loss_n += 1
+
+    @property
+    def loss_pending(self) -> bool:
+        """True when :meth:`add_loss` counted a loss the next step has not used yet."""
+        return self._loss_n > 0
+
+    def _take_loss(self) -> torch.Tensor | float:
+        if self._loss_sum is None:
+            return 0.0  # no loss seen: the gradients are still checked
+        loss = self._loss_sum / self._loss_n
+        self._loss_sum, self._loss_n = None, 0
+        return loss
+
+    def _ride_vector(self) -> torch.Tensor | None:
+        """This rank's step vector for DDP's last bucket (``titan.guard.ddp``), or None when
+        the step's loss is not known yet (or the guard must not ride: a DDP warm-up pass)."""
+        if self._loss_sum is None or not self._ride_ok or self.progress.warming_up:
+            return None
+        assert self.check is not None
+        loss = self.progress.loss(self._loss_sum / self._loss_n)  # a drill's loss fault, once
+        units = self.check.local_unit_norms()
+        self._ride_loss, self._ride_units = loss, units
+        return step_vector(loss.to(units.device), torch.linalg.vector_norm(units), None, partial_sq=False,
+                           scale=self._scale(), verify=False, prev_norm=self._prev_norm(), group=self.group)
+
+    def _scale(self) -> torch.Tensor | None:
+        return self.scaler._scale if self.scaler is not None and self.scaler._scale is not None else None
+
+    def _prev_norm(self) -> float | None:
+        return self._pending_norm[0] if self._pending_norm is not None else None
+
+    def _settle(self, obs: Observation) -> None:
+        """The previous step's norm, as every rank now holds it, enters the statistics (the
+        same value everywhere: rank 0's); ranks that computed different norms end riding."""
+        pend, self._pending_norm = self._pending_norm, None
+        if pend is None:
+            return
+        prev = obs.prev_norms
+        if len({repr(x) for x in prev}) > 1 and self._ride_ok:
+            self._ride_ok = False
+            actions.report_norm_mismatch(self, self.step_count, prev)
+        self.grad_stats.add([prev[0] / pend[1] if pend[1] else prev[0]])
+
+    def _grad_stats_state(self) -> dict[str, Any]:
+        if self._pending_norm is None:
+            return self.grad_stats.state_dict()
+        import copy
+
+        w = copy.deepcopy(self.grad_stats)
+        norm, scale = self._pending_norm
+        w.add([norm / scale if scale else norm])
+        return w.state_dict()
+
     # --- the step -------------------------------------------------------------------
     def step(self, loss_or_fwd_bwd: Any = None, *,
              samples: Sequence[int] | Callable[[], Sequence[int]] | None = None) -> StepResult:
         """Run one optimizer step under guard.
 
         ``loss_or_fwd_bwd``: the step's loss (a tensor or float, after the loop's backward),
-        or a closure that zeroes the gradients, runs forward/backward of the step and returns
+        None for the mean of the losses given to :meth:`add_loss` (0 if none), or a closure that zeroes the gradients, runs forward/backward of the step and returns
         the loss — only a closure lets the guard replay a faulty step (policy ``replay``) to
         classify it as transient or persistent; with a loss a faulty step is skipped
         unclassified. Cost on a clean step: the closure (if any), one pre-reduce read of the
-        gradients (DDP and FSDP2; none without a wrapper), one all-reduce of ``3 + 2·world``
-        floats (none at world 1) and one host read of it. On a faulty step: an all-gather of
+        gradients (DDP and FSDP2; none without a wrapper), one all-reduce of ``3 + 3·world``
+        floats (none at world 1; under DDP with the loss given to :meth:`add_loss` before the
+        backward, launched with the last gradient bucket's instead of after the backward),
+        one read of the reduced gradients for their norm (DDP) and one host read. On a faulty step: an all-gather of
         per-rank details and (a closure, policy ``replay``) one more forward/backward.
         ``samples``: this rank's dataset indices of the step (or a callable returning
         them, evaluated only on a faulty step), logged when a fault is persistent.
@@ -178,11 +258,13 @@ class StepGuard:
         fwd_bwd = loss_or_fwd_bwd if callable(loss_or_fwd_bwd) else None
         if self.check is None:
             self.progress.phase("optimizer")
-            res = actions.unguarded_step(self, fwd_bwd or (lambda: loss_or_fwd_bwd), s)
+            loss0 = self._take_loss() if loss_or_fwd_bwd is None else loss_or_fwd_bwd
+            res = actions.unguarded_step(self, fwd_bwd or (lambda: loss0), s)
             return res
         rng0 = capture_rng()  # ~20 µs; any rank may ask for a verification replay
         loss, obs = self._run(fwd_bwd, verify=self._verify_next and fwd_bwd is not None, loss=loss_or_fwd_bwd)
         self._verify_next = False
+        self._settle(obs)
         verify = obs.verify  # agreed through the exchange: all ranks replay or none
         verdict = self._judge(obs)
         res = StepResult(step=s, loss=obs.losses[self.rank], loss_mean=_mean(obs.losses), grad_norm=obs.grad_norm,
@@ -247,15 +329,23 @@ class StepGuard:
         if fwd_bwd is not None:
             self.check.begin_step()
             loss = fwd_bwd()
-        loss = self.progress.loss(loss)
         self.progress.phase("comm")  # the one exchange is a collective
+        if fwd_bwd is None and loss is None:
+            # Rode DDP's last gradient bucket? Then it is summed (DDP waited for that bucket).
+            ridden = self.check.take_ride() if hasattr(self.check, "take_ride") else None
+            if ridden is not None:
+                self._take_loss()
+                self._last_units = self._ride_units
+                return self._ride_loss, observe(ridden, partial_sq=False, norm_t=self.check.norm_slot(),
+                                                group=self.group)
+            loss = self._take_loss()
+        loss = self.progress.loss(loss)
         dev = self.check.device()
         loss_t = loss.detach() if isinstance(loss, torch.Tensor) else torch.tensor(float(loss), device=dev)
         units = self.check.local_unit_norms()
-        scale = self.scaler._scale if self.scaler is not None and self.scaler._scale is not None else None
         obs = exchange(loss_t.to(dev), torch.linalg.vector_norm(units), self.check.norm_slot(),
-                       partial_sq=self.check.norm_is_partial_sq, scale=scale, verify=verify,
-                       group=self.group)
+                       partial_sq=self.check.norm_is_partial_sq, scale=self._scale(), verify=verify,
+                       prev_norm=self._prev_norm(), group=self.group)
         self._last_units = units
         return loss, obs
 
@@ -297,7 +387,7 @@ class StepGuard:
         and ``detail_json`` (loss/grad statistics, escalation counters, strikes per node,
         the policy it ran with).
         """
-        detail = {"loss_stats": self.loss_stats.state_dict(), "grad_stats": self.grad_stats.state_dict(),
+        detail = {"loss_stats": self.loss_stats.state_dict(), "grad_stats": self._grad_stats_state(),
                   "escalator": self.escalator.state_dict(), "strikes": dict(self.strikes),
                   "policy": {k: list(v) if isinstance(v, tuple) else v
                              for k, v in dataclasses.asdict(self.policy).items()}}
@@ -309,6 +399,7 @@ class StepGuard:
         """Restore :meth:`state_dict` output. During a guard rollback the escalation
         counters, strikes and LR scale are kept (the ladder must not restart)."""
         detail = json.loads(state["detail_json"])
+        self._pending_norm = None  # the saved statistics hold it
         self.step_count = int(state["step_count"])
         self.skipped_total = int(state["skipped_total"])
         self.loss_stats.load_state_dict(detail["loss_stats"])

@@ -33,6 +33,13 @@ class Observation:
     scale: float
     norm_t: torch.Tensor  # device tensor of the (scaled) global norm, for clipping
     verify: bool = False  # some rank asked for a verification replay of this step
+    #: False when the vector rode DDP's gradient all-reduce: each rank computed ``grad_norm``
+    #: itself from the reduced gradients (bitwise the same on every rank, as DDP's replicas
+    #: are); it is then exchanged one step later (``prev_norms``) before it enters the statistics.
+    norm_exchanged: bool = True
+    raw_norm: float = math.nan  # ``grad_norm`` before the division by the loss scale (float32 exact)
+    #: each rank's gradient norm of the previous step when that one was not exchanged (else 0)
+    prev_norms: tuple[float, ...] = ()
 
     @property
     def nonfinite(self) -> bool:
@@ -54,38 +61,55 @@ def _code(local_norm: float) -> int:
     return 2 if math.isnan(local_norm) else (1 if math.isinf(local_norm) else 0)
 
 
-def exchange(loss: torch.Tensor, local_norm: torch.Tensor, norm_slot: torch.Tensor,
-             *, partial_sq: bool, scale: torch.Tensor | None, verify: bool = False,
-             group: Any = None) -> Observation:
-    """Build and all-reduce the step vector; one host read. Collective when world > 1.
+def step_vector(loss: torch.Tensor, local_norm: torch.Tensor, norm_slot: torch.Tensor | None, *,
+                partial_sq: bool, scale: torch.Tensor | None, verify: bool, prev_norm: float | None,
+                group: Any = None) -> torch.Tensor:
+    """This rank's contribution to the step vector (summed over ranks by one all-reduce).
 
-    Layout ``[norm, scale, loss_0..loss_{W-1}, local_0..local_{W-1}, verify]``; rank r
-    writes the two slots ``2 + r`` and ``2 + W + r`` (one strided write), rank 0 the first
-    two, and every rank that asked for a verification replay adds 1 to the last.
-    Cost: one ``all_reduce`` of ``3 + 2·world`` float32 (none at world 1) and one
-    device-to-host copy of the same size.
+    Layout ``[norm, scale, loss_0..loss_{W-1}, local_0..local_{W-1}, verify, prev_0..prev_{W-1}]``:
+    rank r writes its slots ``2 + r``, ``2 + W + r`` and ``3 + 2·W + r`` (the gradient norm it
+    computed for the previous step when that one was not exchanged, see :class:`Observation`),
+    rank 0 the first two (``norm_slot`` None: the slot stays 0 and each rank fills in its own
+    norm after the reduction), and every rank that asked for a verification replay adds 1 to
+    ``verify``. Adding zeros is exact: after the sum every rank holds the same bits.
     """
-    import torch.distributed as dist
-
     rank, world = _dist_world(group)
-    dev = norm_slot.device
+    dev = local_norm.device
     one = torch.ones((), dtype=torch.float32, device=dev)
-    head = torch.stack([norm_slot.detach().float().reshape(()), scale.float().reshape(()) if scale is not None else one])
-    mine = torch.stack([loss.detach().float().reshape(()), local_norm.float().reshape(())])
+    zero = torch.zeros((), dtype=torch.float32, device=dev)
+    norm = norm_slot.detach().float().reshape(()) if norm_slot is not None else zero
+    head = torch.stack([norm, scale.float().reshape(()) if scale is not None else one])
+    prev = torch.full((), prev_norm if prev_norm is not None else 0.0, dtype=torch.float32, device=dev)
+    mine = torch.stack([loss.detach().float().reshape(()), local_norm.float().reshape(()), prev])
     flag = torch.full((1,), 1.0 if verify else 0.0, dtype=torch.float32, device=dev)
     if world == 1:
-        vec = torch.cat([head, mine, flag])
+        return torch.cat([head, mine[:2], flag, mine[2:]])
+    vec = torch.zeros(3 + 3 * world, dtype=torch.float32, device=dev)
+    vec[2 + rank:2 + 2 * world:world] = mine[:2]
+    vec[3 + 2 * world + rank] = mine[2]
+    if verify:
+        vec[2 + 2 * world:3 + 2 * world] = flag
+    if rank == 0:
+        vec[:2] = head
+    elif partial_sq:
+        vec[0] = head[0]
+    return vec
+
+
+def observe(vec: torch.Tensor, *, partial_sq: bool, norm_t: torch.Tensor | None = None,
+            group: Any = None) -> Observation:
+    """Read a summed step vector on the host (one transfer) as this step's :class:`Observation`.
+
+    ``norm_t``: the global norm this rank computed itself from the reduced gradients (the
+    vector then carried none, :func:`step_vector` with ``norm_slot=None``); it is written into
+    the slot before the one host read. Without it the norm is the exchanged one.
+    """
+    _, world = _dist_world(group)
+    if norm_t is not None:
+        vec[0] = norm_t.detach().float().reshape(())
+        norm_dev = norm_t
     else:
-        vec = torch.zeros(3 + 2 * world, dtype=torch.float32, device=dev)
-        vec[2 + rank:2 + 2 * world:world] = mine
-        if verify:
-            vec[-1:] = flag
-        if rank == 0:
-            vec[:2] = head
-        elif partial_sq:
-            vec[0] = head[0]
-        dist.all_reduce(vec, group=group)
-    norm_t = vec[0].sqrt() if partial_sq else vec[0]
+        norm_dev = vec[0].sqrt() if partial_sq else vec[0]
     host = vec.tolist()  # the guard's one host sync per optimizer step
     scale_f = host[1]
     norm = math.sqrt(host[0]) if partial_sq and host[0] >= 0 else host[0]
@@ -96,9 +120,31 @@ def exchange(loss: torch.Tensor, local_norm: torch.Tensor, norm_slot: torch.Tens
         local_norms=locals_,
         grad_norm=norm / scale_f if scale_f else norm,
         scale=scale_f,
-        norm_t=norm_t,
-        verify=host[-1] > 0,
+        norm_t=norm_dev,
+        verify=host[2 + 2 * world] > 0,
+        norm_exchanged=norm_t is None,
+        raw_norm=norm,
+        prev_norms=tuple(host[3 + 2 * world:3 + 3 * world]),
     )
+
+
+def exchange(loss: torch.Tensor, local_norm: torch.Tensor, norm_slot: torch.Tensor,
+             *, partial_sq: bool, scale: torch.Tensor | None, verify: bool = False,
+             prev_norm: float | None = None, group: Any = None) -> Observation:
+    """Build and all-reduce the step vector; one host read. Collective when world > 1.
+
+    The separate exchange: used where the vector could not ride the gradients' own
+    all-reduce (:mod:`titan.guard.ddp`) — FSDP2, no wrapper, a loop that hands the guard its
+    loss only after the backward, a replay. Cost: one ``all_reduce`` of ``3 + 3·world``
+    float32 (none at world 1) and one device-to-host copy of the same size.
+    """
+    import torch.distributed as dist
+
+    vec = step_vector(loss, local_norm, norm_slot, partial_sq=partial_sq, scale=scale, verify=verify,
+                      prev_norm=prev_norm, group=group)
+    if _dist_world(group)[1] > 1:
+        dist.all_reduce(vec, group=group)
+    return observe(vec, partial_sq=partial_sq, group=group)
 
 
 def gather_objects(obj: Any, group: Any = None) -> list[Any]:

@@ -94,6 +94,11 @@ class StepProgress:
         if via_reduce:
             check.before_reduce = self._poison
 
+    @property
+    def warming_up(self) -> bool:
+        """True during the discarded warm-up forward/backward after a restore."""
+        return self._in_warmup
+
     def _poison(self, flat: torch.Tensor) -> None:
         if not self._in_warmup:  # a discarded warm-up pass must not use up a planned fault
             self.faults.poison(flat)

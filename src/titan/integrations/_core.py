@@ -77,8 +77,6 @@ class GuardedStep:
         #: in the update itself, summed over steps (what bench/integrations_overhead.py reports)
         self.guard_s = 0.0
         self.update_s = 0.0
-        self._loss_sum: torch.Tensor | None = None
-        self._loss_n = 0
         self._inside = False
         self._orig = optimizer.step  # the bound method (or a framework's own patch of it)
 
@@ -94,19 +92,11 @@ class GuardedStep:
     # -- the loss of the step ---------------------------------------------------------------
     def add_loss(self, loss: Any) -> None:
         """Count one micro-batch's loss toward this step's (their mean is what the guard
-        exchanges: loss spikes and a non-finite loss are judged on it). Cost: one detach."""
-        if not isinstance(loss, torch.Tensor):
-            return
-        t = loss.detach().float().reshape(-1).mean()
-        self._loss_sum = t if self._loss_sum is None else self._loss_sum + t
-        self._loss_n += 1
-
-    def _take_loss(self) -> torch.Tensor | float:
-        if self._loss_sum is None:
-            return 0.0  # no loss seen: the gradients are still checked
-        loss = self._loss_sum / self._loss_n
-        self._loss_sum, self._loss_n = None, 0
-        return loss
+        exchanges: loss spikes and a non-finite loss are judged on it). Called before the
+        backward (the frameworks' ``backward`` hooks), so that under DDP the exchange rides
+        the gradients' all-reduce (``StepGuard.add_loss``). Cost: one detach."""
+        if isinstance(loss, torch.Tensor):
+            self.guard.add_loss(loss)
 
     # -- the step ---------------------------------------------------------------------------
     def _step(self, closure: Callable[[], Any] | None = None, **kwargs: Any) -> Any:
@@ -120,11 +110,12 @@ class GuardedStep:
         if closure is not None:  # Lightning: forward + backward (+ clipping) run in here
             with torch.enable_grad():
                 loss = closure()
-            self.add_loss(loss)
+            if not self.guard.loss_pending:  # not seen before its backward (Lightning's hook)
+                self.add_loss(loss)
         self._inside = True
         t0, u0 = time.perf_counter(), self.update_s
         try:
-            res = self.guard.step(self._take_loss())
+            res = self.guard.step()  # the loss given to add_loss
         finally:
             self._inside = False
             self.guard_s += time.perf_counter() - t0 - (self.update_s - u0)

@@ -252,6 +252,12 @@ class TitanCallback(Callback):
         except (KeyError, TypeError, ValueError):
             self._stash["batches_done"] = None
 
+    def on_before_backward(self, trainer: Any, pl_module: Any, loss: Any) -> None:
+        """The loss before its backward: under DDP the guard's exchange then rides the
+        gradients' all-reduce (no second synchronisation per step)."""
+        if self.step is not None:
+            self.step.add_loss(loss)
+
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
         from titan.beacon import get_beacon
 
