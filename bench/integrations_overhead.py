@@ -49,12 +49,18 @@ class Data(torch.utils.data.Dataset):
 
 
 class Timing(TrainerCallback):
+    """Wall-clock split of each step at the Trainer's hooks, and the step's CPU time (this
+    process, all its threads: what the step computed, without the time it waited)."""
+
     def __init__(self) -> None:
         self.rows: list[tuple[float, float, float]] = []
+        self.cpu: list[float] = []
         self._t: list[float] = []
+        self._c = 0.0
 
     def on_step_begin(self, *a, **k):  # noqa: ANN002, ANN003
         self._t = [time.perf_counter()]
+        self._c = time.process_time()
 
     def on_pre_optimizer_step(self, *a, **k):  # noqa: ANN002, ANN003
         self._t.append(time.perf_counter())
@@ -66,6 +72,7 @@ class Timing(TrainerCallback):
         t = self._t + [time.perf_counter()]
         if len(t) == 4:
             self.rows.append((t[1] - t[0], t[2] - t[1], t[3] - t[2]))
+            self.cpu.append(time.process_time() - self._c)
 
 
 def main() -> None:
@@ -78,6 +85,9 @@ def main() -> None:
     p.add_argument("--profile", default="", help="cProfile each variant's blocks after the first pair (main "
                    "thread only) into PREFIX.<variant>.rank<r>.pstats")
     a = p.parse_args()
+    # One intra-op thread per rank, also at --nproc-per-node 1 (torchrun sets OMP_NUM_THREADS=1
+    # only for several ranks; Accelerate sets as many threads as cores when it is unset).
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
     torch.set_num_threads(1)
     from titan.integrations.transformers import TitanCallback
 
@@ -124,6 +134,8 @@ def main() -> None:
         rows = t.rows[1:]  # the first step of a run carries DDP's set-up
         res[name] = {k: statistics.median(r[i] for r in rows) * 1e3 for i, k in enumerate(("fwd_bwd", "optimizer", "rest"))}
         res[name]["step"] = statistics.median(sum(r) for r in rows) * 1e3
+        res[name]["mean"] = statistics.fmean(sum(r) for r in rows) * 1e3
+        res[name]["cpu"] = statistics.median(t.cpu[1:]) * 1e3
         res[name]["steps"] = len(rows)
     res["titan"]["guard_mean"] = guard_s / max(guard_n, 1) * 1e3
     res["load"] = [load0, load1]
@@ -131,8 +143,11 @@ def main() -> None:
         for name in ("plain", "titan"):
             r = res[name]
             print(f"{name:6s} step {r['step']:.3f} ms  fwd+bwd {r['fwd_bwd']:.3f}  optimizer {r['optimizer']:.3f}  "
-                  f"rest {r['rest']:.3f}  ({r['steps']} steps)", flush=True)
+                  f"rest {r['rest']:.3f}  ({r['steps']} steps); mean step {r['mean']:.3f} ms; step CPU "
+                  f"{r['cpu']:.3f} ms", flush=True)
         d = res["titan"]["step"] - res["plain"]["step"]
+        dc = res["titan"]["cpu"] - res["plain"]["cpu"]
+        print(f"CPU per step {dc:+.3f} ms = {100 * dc / res['plain']['cpu']:+.2f} % of the plain step's", flush=True)
         print(f"overhead {d:.3f} ms/step = {100 * d / res['plain']['step']:.2f} % of the plain step; guard "
               f"exchange+decision {res['titan']['guard_mean']:.3f} ms/step (mean over {guard_n} steps after the "
               f"first block); load average {load0:.1f} -> {load1:.1f}", flush=True)

@@ -3,13 +3,18 @@
 A check splits the model's trainable parameters into *units* (a parameter for DDP and no
 wrapper, an FSDP module for FSDP2), and after the step's backward offers
 
-* ``local_unit_norms()`` — the L2 norm of each unit's gradient on *this* rank **before**
-  the collective (NaN/Inf propagate, so a non-finite norm flags the unit),
+* ``local_norm()`` — the L2 norm of *this* rank's gradients **before** the collective
+  (NaN/Inf propagate, so a non-finite norm flags the rank) and ``local_unit_norms()``, the
+  same per unit (what names the parameters on a fault),
 * ``norm_slot()`` — the global norm of the reduced gradients (DDP, no wrapper) or this
   rank's partial sum of squares (FSDP2, ``norm_is_partial_sq``),
 * ``grads()`` — the local gradient tensors that clipping scales.
 
-No method syncs with the host; the guard reads everything in one transfer.
+``note_norm(t)`` hands the check the global norm the loop (or its framework) already
+computed from this step's final gradients — for its own clipping — so that the check does
+not read them again for it (DDP and no wrapper; where there is no collective that norm is
+the local one too). No method syncs with the host; the guard reads everything in one
+transfer.
 """
 
 from __future__ import annotations
@@ -44,9 +49,20 @@ class GradCheck:
         self.params: list[nn.Parameter] = [p for _, p in named]
         self.index: dict[int, int] = {id(p): i for i, p in enumerate(self.params)}
         self.unit_names: list[str] = list(self.names)
+        self._noted: torch.Tensor | None = None
 
     def begin_step(self) -> None:
         """Forget what the previous step recorded (called before each forward/backward)."""
+        self._noted = None
+
+    def note_norm(self, norm: torch.Tensor) -> None:
+        """The global norm of this step's final gradients, computed by the loop (e.g. the
+        one it clipped with). Ignored by checks whose slot is a partial sum (FSDP2)."""
+        self._noted = norm.detach()
+
+    def local_norm(self) -> torch.Tensor:
+        """This rank's pre-collective gradient norm (a 0-d float32 tensor)."""
+        return torch.linalg.vector_norm(self.local_unit_norms())
 
     def grads(self) -> list[torch.Tensor]:
         """Local gradient tensors (for clipping and zeroing); cost: none."""
@@ -84,7 +100,9 @@ class LocalCheck(GradCheck):
     """No wrapper: the gradients are already final, so the clipping norm is the check.
 
     Cost: one fused ``foreach_norm`` read of all gradients — exactly the read that
-    ``clip_grad_norm_`` does — and nothing else.
+    ``clip_grad_norm_`` does — and none when the loop noted the norm it clipped with
+    (``note_norm``); the per-parameter norms are then read only on a fault (after the
+    loop's clipping, which turns an Inf into a NaN: the fault's ``values`` say ``nan``).
     """
 
     mode = "local"
@@ -95,6 +113,7 @@ class LocalCheck(GradCheck):
         self._total: torch.Tensor | None = None
 
     def begin_step(self) -> None:
+        super().begin_step()
         self._norms = self._total = None
 
     def _compute(self) -> None:
@@ -106,7 +125,14 @@ class LocalCheck(GradCheck):
         assert self._norms is not None
         return self._norms
 
+    def local_norm(self) -> torch.Tensor:
+        if self._noted is not None and self._norms is None:
+            return self._noted  # no wrapper: the final gradients are this rank's
+        return torch.linalg.vector_norm(self.local_unit_norms())
+
     def norm_slot(self) -> torch.Tensor:
+        if self._noted is not None and self._total is None:
+            return self._noted
         if self._total is None:
             self._compute()
         assert self._total is not None

@@ -178,6 +178,14 @@ class StepGuard:
         self._loss_sum = t if self._loss_sum is None else self._loss_sum + t
         self._loss_n += 1
 
+    def note_grad_norm(self, norm: Any) -> None:
+        """The global norm of this step's reduced gradients as the loop computed it (the
+        norm it clipped with, e.g. what ``clip_grad_norm_`` returned): the guard uses it
+        instead of reading the gradients again (DDP and no wrapper). Call it after the
+        backward, before :meth:`step`. Cost: none."""
+        if self.check is not None and isinstance(norm, torch.Tensor):
+            self.check.note_norm(norm)
+
     @property
     def loss_pending(self) -> bool:
         """True when :meth:`add_loss` counted a loss the next step has not used yet."""
@@ -261,7 +269,7 @@ class StepGuard:
             loss0 = self._take_loss() if loss_or_fwd_bwd is None else loss_or_fwd_bwd
             res = actions.unguarded_step(self, fwd_bwd or (lambda: loss0), s)
             return res
-        rng0 = capture_rng()  # ~20 µs; any rank may ask for a verification replay
+        rng0 = capture_rng() if fwd_bwd is not None else None  # ~20 µs; only a closure can be replayed
         loss, obs = self._run(fwd_bwd, verify=self._verify_next and fwd_bwd is not None, loss=loss_or_fwd_bwd)
         self._verify_next = False
         self._settle(obs)
@@ -335,18 +343,18 @@ class StepGuard:
             ridden = self.check.take_ride() if hasattr(self.check, "take_ride") else None
             if ridden is not None:
                 self._take_loss()
-                self._last_units = self._ride_units
+                units = self._ride_units
+                self._last_units = lambda: units
                 return self._ride_loss, observe(ridden, partial_sq=False, norm_t=self.check.norm_slot(),
                                                 group=self.group)
             loss = self._take_loss()
         loss = self.progress.loss(loss)
         dev = self.check.device()
         loss_t = loss.detach() if isinstance(loss, torch.Tensor) else torch.tensor(float(loss), device=dev)
-        units = self.check.local_unit_norms()
-        obs = exchange(loss_t.to(dev), torch.linalg.vector_norm(units), self.check.norm_slot(),
+        obs = exchange(loss_t.to(dev), self.check.local_norm(), self.check.norm_slot(),
                        partial_sq=self.check.norm_is_partial_sq, scale=self._scale(), verify=verify,
                        prev_norm=self._prev_norm(), group=self.group)
-        self._last_units = units
+        self._last_units = self.check.local_unit_norms  # read on a fault only
         return loss, obs
 
     def _finite_unscaled(self, fwd_bwd: Callable[[], Any], rng0: dict[str, Any]) -> bool:
@@ -372,7 +380,7 @@ class StepGuard:
         """This rank's non-finite units as [unit, group, kind] (fault path; one host read)."""
         if verdict.kind != "nonfinite" or self.check is None:
             return []
-        norms = self._last_units.tolist()
+        norms = self._last_units().tolist()
         groups = self.check.unit_groups()
         return [[self.check.unit_names[i], groups[i], "nan" if math.isnan(v) else "inf"]
                 for i, v in enumerate(norms) if not math.isfinite(v)]

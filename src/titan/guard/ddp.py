@@ -14,10 +14,15 @@ Per bucket and call, the hook
    bucket, the vector is summed too;
 3. averages and all-reduces the bucket exactly as torch's default ``allreduce_hook``
    (divide by the world size, ``SUM``), so the reduced gradients are bitwise those of that
-   hook; at world 1 there is nothing to reduce and the bucket is returned as it is.
+   hook.
+
+At world 1 there is nothing to reduce: the hook returns the bucket as it is (after a
+drill's fault) and the check reads nothing before the backward ends — the local gradients
+are the final ones, checked as without a wrapper (``LocalCheck``).
 
 The global norm of the reduced gradients (for clipping and the gradient-spike check) is
-read from the gradients once, when the guard asks for it after the backward.
+the one the loop noted (``note_norm``: the framework's clipping norm), else read from the
+gradients once when the guard asks for it after the backward.
 
 Parameters are mapped from ``bucket.parameters()`` on every call, because DDP rebuilds
 its buckets after the first iteration (one bucket first, then several in reverse order).
@@ -73,6 +78,7 @@ class DDPCheck(GradCheck):
                             "the guard needs DDP's one comm hook; remove your own register_comm_hook") from None
 
     def begin_step(self) -> None:
+        super().begin_step()
         self._pre.clear()
         self._fallback = None
         self._reduced = None
@@ -85,9 +91,15 @@ class DDPCheck(GradCheck):
         # The hook did not run this step (backward outside DDP, or no_sync on the last
         # micro-batch): read the gradients directly, as the no-wrapper path does.
         if self._fallback is None:
-            log.warning("DDP comm hook did not cover every parameter this step; reading grads directly")
+            if self._world > 1:
+                log.warning("DDP comm hook did not cover every parameter this step; reading grads directly")
             self._fallback = local_norms(self.params, self.device())
         return self._fallback
+
+    def local_norm(self) -> torch.Tensor:
+        if self._world == 1 and self._noted is not None and self._fallback is None:
+            return self._noted  # nothing was reduced: the final gradients are this rank's
+        return torch.linalg.vector_norm(self.local_unit_norms())
 
     def local_unit_norms(self) -> torch.Tensor:
         if not self._covered():
@@ -101,7 +113,9 @@ class DDPCheck(GradCheck):
         """The global norm of the reduced gradients: one ``foreach_norm`` read of them, in
         model order as ``get_total_norm`` stacks them (the clip coefficient is bitwise the
         one ``clip_grad_norm_`` computes on the same gradients). Computed once per step."""
-        if not self._covered():
+        if self._noted is not None:
+            return self._noted
+        if self._world == 1 or not self._covered():
             return self._direct()[1]
         if self._reduced is None:
             self._reduced = local_norms(self.params, self.device())
@@ -132,7 +146,7 @@ class DDPCheck(GradCheck):
 
     # -- inside the hook -------------------------------------------------------------------
     def _launch_ride(self) -> None:
-        if self.ride is None or not self._covered():
+        if self.ride is None or self._world == 1 or not self._covered():
             return
         vec = self.ride()
         if vec is None:
@@ -161,11 +175,13 @@ def _guard_hook(state: DDPCheck, bucket: dist.GradBucket) -> torch.futures.Futur
 
     if not state._active:
         return allreduce_hook(state._pg, bucket)
-    params = bucket.parameters()  # re-read every call: buckets are rebuilt after step 1
-    idx = [state.index[id(p)] for p in params]
     buf = bucket.buffer()
     if state.before_reduce is not None:
         state.before_reduce(buf)
+    if state._world == 1:
+        return state._reduce(buf)  # the check reads the final gradients after the backward
+    params = bucket.parameters()  # re-read every call: buckets are rebuilt after step 1
+    idx = [state.index[id(p)] for p in params]
     views = list(buf.split([p.numel() for p in params]))
     low = buf.dtype in (torch.float16, torch.bfloat16)
     pre = torch._foreach_norm(views, 2.0, dtype=torch.float32) if low else _foreach_norms(views)

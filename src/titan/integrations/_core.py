@@ -98,6 +98,35 @@ class GuardedStep:
         if isinstance(loss, torch.Tensor):
             self.guard.add_loss(loss)
 
+    def note_grad_norm(self, norm: Any) -> None:
+        """The framework's clipping norm of this step (``StepGuard.note_grad_norm``): the
+        guard does not read the gradients again for it. Cost: none."""
+        self.guard.note_grad_norm(norm)
+
+    def wrap_accelerator(self, accelerator: Any, active: Callable[[], "GuardedStep | None"]) -> None:
+        """Route ``accelerator.backward`` and ``accelerator.clip_grad_norm_`` (instance
+        attributes; the class is untouched) through the guard of ``active()``: each loss is
+        counted before its backward, the clipping norm noted. Idempotent per accelerator."""
+        if getattr(accelerator.backward, "_titan", False):
+            return
+        backward, clip = accelerator.backward, accelerator.clip_grad_norm_
+
+        def _backward(loss: Any, **kw: Any) -> Any:
+            g = active()
+            if g is not None:
+                g.add_loss(loss)
+            return backward(loss, **kw)
+
+        def _clip(*a: Any, **kw: Any) -> Any:
+            total = clip(*a, **kw)
+            g = active()
+            if g is not None:
+                g.note_grad_norm(total)
+            return total
+
+        _backward._titan = True  # type: ignore[attr-defined]
+        accelerator.backward, accelerator.clip_grad_norm_ = _backward, _clip
+
     # -- the step ---------------------------------------------------------------------------
     def _step(self, closure: Callable[[], Any] | None = None, **kwargs: Any) -> Any:
         if self._inside:  # the guard applying the update it decided on

@@ -157,13 +157,7 @@ class TitanAccelerate:
                                  data={"mode": "off", "enabled": False, "source": SOURCE})
         else:
             self.guarded = GuardedStep(self.ctx, model, inner, max_norm=max_norm, on_result=self._told)
-            backward = accelerator.backward
-
-            def _backward(loss: Any, **kw: Any) -> Any:
-                self.guarded.add_loss(loss)  # type: ignore[union-attr]
-                return backward(loss, **kw)
-
-            accelerator.backward = _backward
+            self.guarded.wrap_accelerator(accelerator, lambda: self.guarded)
         self.position = _Position()
         self.state: dict[str, Any] = {"model": model, "optimizer": inner,
                                       f"data_rank{self.ctx.rank}": self.position}  # per-rank key (DCP)

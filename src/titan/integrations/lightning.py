@@ -169,6 +169,7 @@ class TitanCallback(Callback):
         self._skip_sched = False
         self._step_scheds: list[Any] = []
         self._sched_patched: list[Any] = []
+        self._clip_patched: Any = None
 
     @property
     def state_key(self) -> str:
@@ -196,6 +197,7 @@ class TitanCallback(Callback):
         self.step.set_step(trainer.global_step)
         if self._stash and "guard" in self._stash:
             self.step.guard.load_state_dict(self._stash["guard"])
+        self._patch_clip(trainer.strategy.precision_plugin)
         self._step_scheds = [cfg.scheduler for cfg in trainer.lr_scheduler_configs if cfg.interval == "step"]
         if self._step_scheds:
             self._patch_scheduler_hook(pl_module)
@@ -205,6 +207,23 @@ class TitanCallback(Callback):
 
     def _told(self, res: Any) -> None:
         self._skip_sched = bool(res.skipped) and not self.step.guard.policy.step_scheduler_on_skip  # type: ignore[union-attr]
+
+    def _patch_clip(self, plugin: Any) -> None:
+        """Note the norm Lightning clips with (``gradient_clip_val``), so the guard does not
+        read the gradients again for it — where the precision plugin clips as the base
+        ``Precision`` does (one ``clip_grad_norm_`` over the optimizer's parameters)."""
+        from lightning.pytorch.plugins.precision import Precision
+
+        if type(plugin).clip_grad_by_norm is not Precision.clip_grad_by_norm or "clip_grad_by_norm" in vars(plugin):
+            return
+
+        def clip_grad_by_norm(optimizer: Any, clip_val: Any) -> None:
+            total = torch.nn.utils.clip_grad_norm_(plugin.main_params(optimizer), clip_val)
+            if self.step is not None:
+                self.step.note_grad_norm(total)
+
+        plugin.clip_grad_by_norm = clip_grad_by_norm
+        self._clip_patched = plugin
 
     def _patch_scheduler_hook(self, pl_module: Any) -> None:
         # Lightning steps each scheduler through the module's ``lr_scheduler_step`` hook; the
@@ -311,6 +330,9 @@ class TitanCallback(Callback):
         for mod, _orig in self._sched_patched:
             del mod.lr_scheduler_step  # the class's hook again
         self._sched_patched = []
+        if self._clip_patched is not None:
+            del self._clip_patched.clip_grad_by_norm  # the class's method again
+            self._clip_patched = None
         from titan.beacon import done
 
         done()

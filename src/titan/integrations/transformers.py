@@ -135,16 +135,8 @@ class TitanCallback(TrainerCallback):
             self.step = GuardedStep(self.ctx, tr.model_wrapped, inner, max_norm=self.max_norm, on_result=self._told)
             self.step.set_step(state.global_step)
             self._load_guard_state()
-        if self.step is not None and not getattr(tr.accelerator.backward, "_titan", False):
-            backward = tr.accelerator.backward
-
-            def _backward(loss: Any, **kw: Any) -> Any:
-                if self.step is not None:
-                    self.step.add_loss(loss)
-                return backward(loss, **kw)
-
-            _backward._titan = True  # type: ignore[attr-defined]
-            tr.accelerator.backward = _backward
+        if self.step is not None:  # each loss before its backward, the clipping norm
+            self.step.wrap_accelerator(tr.accelerator, lambda: self.step)
         self._announce(args, state)
 
     def _told(self, res: Any) -> None:
