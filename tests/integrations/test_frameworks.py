@@ -87,6 +87,10 @@ def _check_drill(rep: dict) -> None:
     evs = read_run(rep["run_dir"]).events
     skips = {e.rank for e in evs if e.kind == "step" and e.step == 8 and e.data.get("skipped")}
     assert skips == {0, 1}, f"step 8 (NaN on rank 1) was not skipped on both ranks: skipped on {sorted(skips)}"
+    # The verdict rode DDP's gradient all-reduce (no exchange after the backward), the NaN step's too.
+    steps = [e for e in evs if e.kind == "step"]
+    alone = sorted({e.step for e in steps if not e.data.get("rode")})
+    assert not alone, f"steps whose verdict did not ride DDP's all-reduce: {alone}"
     culprits = [e.data.get("ranks") for e in evs if e.kind == "guard.nonfinite"]
     assert culprits and culprits[0] == [1], f"guard.nonfinite should name rank 1: {culprits}"
     caps = [e for e in evs if e.kind == "launcher.capabilities"]

@@ -66,6 +66,7 @@ class StepResult:
     replay_match: bool | None = None  # set when a replay was requested for verification
     lr: float | None = None  # the learning rate this step used (after the guard's lr_scale)
     step_time_s: float | None = None  # from the step's first forward to the end of the update
+    rode: bool = False  # the step's vector rode DDP's gradient all-reduce (no exchange after the backward)
 
     def event_data(self) -> dict[str, Any]:
         """Fields for the loop's ``step`` event."""
@@ -74,6 +75,8 @@ class StepResult:
             d["culprit"] = self.culprit
         if self.reason:
             d["guard"] = self.reason
+        if self.rode:
+            d["rode"] = True
         return d
 
 
@@ -276,7 +279,7 @@ class StepGuard:
         verify = obs.verify  # agreed through the exchange: all ranks replay or none
         verdict = self._judge(obs)
         res = StepResult(step=s, loss=obs.losses[self.rank], loss_mean=_mean(obs.losses), grad_norm=obs.grad_norm,
-                         skipped=False, reason=verdict.kind)
+                         skipped=False, reason=verdict.kind, rode=not obs.norm_exchanged)
         apply_obs: Observation | None = obs
         if verdict.bad or verify:
             info = gather_objects({"rank": self.rank, "node": self.node,

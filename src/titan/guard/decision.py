@@ -75,25 +75,31 @@ def step_vector(loss: torch.Tensor, local_norm: torch.Tensor, norm_slot: torch.T
     """
     rank, world = _dist_world(group)
     dev = local_norm.device
-    one = torch.ones((), dtype=torch.float32, device=dev)
-    zero = torch.zeros((), dtype=torch.float32, device=dev)
-    norm = norm_slot.detach().float().reshape(()) if norm_slot is not None else zero
-    head = torch.stack([norm, scale.float().reshape(()) if scale is not None else one])
-    prev = torch.full((), prev_norm if prev_norm is not None else 0.0, dtype=torch.float32, device=dev)
-    mine = torch.stack([loss.detach().float().reshape(()), local_norm.float().reshape(()), prev])
-    flag = torch.full((1,), 1.0 if verify else 0.0, dtype=torch.float32, device=dev)
-    if world == 1:
-        return torch.cat([head, mine[:2], flag, mine[2:]])
-    vec = torch.zeros(3 + 3 * world, dtype=torch.float32, device=dev)
-    vec[2 + rank:2 + 2 * world:world] = mine[:2]
-    vec[3 + 2 * world + rank] = mine[2]
-    if verify:
-        vec[2 + 2 * world:3 + 2 * world] = flag
+    zero = _const(0.0, dev)
+    slots = [zero] * (3 + 3 * world)  # one stack below: a single small kernel, no host sync
+    if rank == 0 or partial_sq:
+        slots[0] = norm_slot.detach().float().reshape(()) if norm_slot is not None else zero
     if rank == 0:
-        vec[:2] = head
-    elif partial_sq:
-        vec[0] = head[0]
-    return vec
+        slots[1] = scale.float().reshape(()) if scale is not None else _const(1.0, dev)
+    slots[2 + rank] = loss.detach().float().reshape(())
+    slots[2 + world + rank] = local_norm.float().reshape(())
+    if verify:
+        slots[2 + 2 * world] = _const(1.0, dev)
+    if prev_norm is not None:
+        slots[3 + 2 * world + rank] = torch.full((), prev_norm, dtype=torch.float32, device=dev)
+    return torch.stack(slots)
+
+
+_CONSTS: dict[tuple[float, str], torch.Tensor] = {}
+
+
+def _const(x: float, dev: torch.device) -> torch.Tensor:
+    """A cached 0-d float32 constant on ``dev`` (read only: stacked, never written)."""
+    key = (x, str(dev))
+    t = _CONSTS.get(key)
+    if t is None:
+        t = _CONSTS[key] = torch.full((), x, dtype=torch.float32, device=dev)
+    return t
 
 
 def observe(vec: torch.Tensor, *, partial_sq: bool, norm_t: torch.Tensor | None = None,
