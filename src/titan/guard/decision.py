@@ -3,10 +3,16 @@
 Each rank writes its own slots of a small float32 vector — its loss and its pre-reduce
 local gradient norm (NaN/Inf there *is* the non-finite check) — and rank 0 writes the
 global gradient norm and the loss scale (FSDP2: every rank adds its partial sum of
-squares). One ``SUM`` all-reduce of ``3 + 2·world`` floats later, every rank holds bitwise the same vector
-(adding zeros is exact), reads it to the host once, and runs the same pure function
-:func:`judge` on it with the same statistics: a rank can never decide alone, and every
-float compared to a threshold is an exchanged value.
+squares). One ``SUM`` all-reduce of ``3 + 3·world`` floats later, every rank holds bitwise
+the same vector (adding zeros is exact), reads it to the host once, and runs the same pure
+function :func:`judge` on it with the same statistics: a rank can never decide alone, and
+every float compared to a threshold is an exchanged value.
+
+Under DDP the all-reduce can ride the gradients' own (:mod:`titan.guard.ddp`): the vector
+then carries no global norm — each rank computes it from the reduced gradients, bitwise
+the same everywhere — and each rank's value travels in the *next* step's vector
+(``prev`` slots) before it enters the statistics, so they stay identical on every rank and
+a rank that computed another norm is seen.
 """
 
 from __future__ import annotations

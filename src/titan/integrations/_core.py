@@ -18,10 +18,11 @@ The beacon's phases, a drill's injection points and the ``step`` event come with
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -78,6 +79,7 @@ class GuardedStep:
         self.guard_s = 0.0
         self.update_s = 0.0
         self._inside = False
+        self._bypass = False
         self._orig = optimizer.step  # the bound method (or a framework's own patch of it)
 
         def step(closure: Callable[[], Any] | None = None, **kwargs: Any) -> Any:
@@ -128,7 +130,20 @@ class GuardedStep:
         accelerator.backward, accelerator.clip_grad_norm_ = _backward, _clip
 
     # -- the step ---------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def bypass(self) -> Iterator[None]:
+        """``optimizer.step()`` calls inside go straight to the optimizer — e.g. the one
+        ``torch.distributed.checkpoint`` makes with zero gradients and a zero learning rate to
+        create the optimizer's state before loading it: no training step to guard."""
+        self._bypass = True
+        try:
+            yield
+        finally:
+            self._bypass = False
+
     def _step(self, closure: Callable[[], Any] | None = None, **kwargs: Any) -> Any:
+        if self._bypass:
+            return self._orig(closure, **kwargs) if closure is not None else self._orig(**kwargs)
         if self._inside:  # the guard applying the update it decided on
             t = time.perf_counter()
             try:

@@ -166,7 +166,11 @@ class TitanAccelerate:
         if self.guarded is not None:
             self.state["guard"] = self.guarded.guard
         self.checkpointer = Checkpointer(self.ctx)
-        self.step = self.checkpointer.restore(self.state)
+        if self.guarded is not None:
+            with self.guarded.bypass():  # DCP's optimizer-state creation steps once: not a training step
+                self.step = self.checkpointer.restore(self.state)
+        else:
+            self.step = self.checkpointer.restore(self.state)
         self._resume_rng = capture_rng() if self.step else None  # the checkpoint's step, put back later
         if self.guarded is not None:
             self.guarded.set_step(self.step)
