@@ -48,6 +48,24 @@ class Data(torch.utils.data.Dataset):
         return {"x": self.x[i], "labels": self.y[i]}
 
 
+def thread_cpu() -> dict[str, float]:
+    """CPU seconds (user + system) of each of this process's threads, summed by thread name
+    (``/proc/self/task``; clock-tick resolution: meaningful over a block, not a step)."""
+    out: dict[str, float] = {}
+    tick = os.sysconf("SC_CLK_TCK")
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                raw = f.read()
+        except OSError:
+            continue
+        name = raw[raw.index("(") + 1:raw.rindex(")")]
+        fields = raw[raw.rindex(")") + 2:].split()
+        name = "main" if tid == str(os.getpid()) else name
+        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+    return out
+
+
 class Timing(TrainerCallback):
     """Wall-clock split of each step at the Trainer's hooks, and the step's CPU time (this
     process, all its threads: what the step computed, without the time it waited)."""
@@ -116,6 +134,7 @@ def main() -> None:
     load0 = os.getloadavg()[0]
     guard_s, guard_n = 0.0, 0  # the guard's own time, blocks after the first (warm-up) only
     rode = 0  # titan blocks whose last step's vector rode DDP's all-reduce
+    threads: dict[str, dict[str, float]] = {"plain": {}, "titan": {}}  # CPU s by thread, blocks after the first
     for b in range(2 * a.blocks):
         name = ("plain", "titan")[b % 2]
         g = guarded["titan"].step
@@ -123,9 +142,14 @@ def main() -> None:
         prof = profs.get(name) if b > 1 else None
         if prof is not None:
             prof.enable()
+        c0 = thread_cpu()
         trainers[name].train()
+        c1 = thread_cpu()
         if prof is not None:
             prof.disable()
+        if b > 1:
+            for k, v in c1.items():
+                threads[name][k] = threads[name].get(k, 0.0) + v - c0.get(k, 0.0)
         g = guarded["titan"].step
         if name == "titan" and b > 1 and g is not None:
             guard_s, guard_n = guard_s + g.guard_s - before[0], guard_n + a.block
@@ -145,6 +169,7 @@ def main() -> None:
         res[name]["steps"] = len(rows)
     res["titan"]["guard_mean"] = guard_s / max(guard_n, 1) * 1e3
     res["load"] = [load0, load1]
+    res["threads"] = threads
     if rank == 0:
         for name in ("plain", "titan"):
             r = res[name]
@@ -158,6 +183,11 @@ def main() -> None:
               f"exchange+decision {res['titan']['guard_mean']:.3f} ms/step (mean over {guard_n} steps after the "
               f"first block); load average {load0:.1f} -> {load1:.1f}; the verdict rode DDP's all-reduce in "
               f"{rode}/{a.blocks} titan blocks", flush=True)
+        n = (a.blocks - 1) * a.block
+        names = sorted(set(threads["plain"]) | set(threads["titan"]))
+        print("CPU ms per step by thread (plain -> titan): " + "; ".join(
+            f"{k} {threads['plain'].get(k, 0) / n * 1e3:.2f} -> {threads['titan'].get(k, 0) / n * 1e3:.2f}"
+            for k in names if threads["plain"].get(k, 0) + threads["titan"].get(k, 0) > 0.005 * n), flush=True)
         if a.json:
             with open(a.json, "w") as f:
                 json.dump(res, f, indent=1)

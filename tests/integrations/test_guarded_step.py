@@ -74,3 +74,19 @@ def test_a_closure_runs_inside_the_guarded_step_and_close_puts_the_step_back(tmp
     opt.step()
     assert len(seen) == 1, "after close() the optimizer step still went through the guard"
     assert not torch.equal(before, model.weight.detach())
+
+
+def test_the_frameworks_clipping_norm_is_the_guards_and_a_subsets_is_not(tmp_path):
+    ctx, model, opt, sched, g, seen = _setup(tmp_path)
+    params = list(model.parameters())
+    g.add_loss(_backward(model))
+    g.note_grad_norm(torch.tensor(123.0), params)  # what the framework's clip_grad_norm_ returned
+    opt.step()
+    assert seen[-1].grad_norm == 123.0, f"the guard did not use the noted norm: {seen[-1].grad_norm}"
+    assert g.guard.check._norms is None, "the guard read the gradients although the norm was noted"
+    opt.zero_grad()
+    g.add_loss(_backward(model))
+    want = float(torch.nn.utils.get_total_norm([p.grad for p in params]))
+    g.note_grad_norm(torch.tensor(123.0), [model.weight])  # a subset's norm is not the step's
+    opt.step()
+    assert seen[-1].grad_norm == want, (seen[-1].grad_norm, want)

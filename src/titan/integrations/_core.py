@@ -100,9 +100,15 @@ class GuardedStep:
         if isinstance(loss, torch.Tensor):
             self.guard.add_loss(loss)
 
-    def note_grad_norm(self, norm: Any) -> None:
+    def note_grad_norm(self, norm: Any, params: list[Any] | None = None) -> None:
         """The framework's clipping norm of this step (``StepGuard.note_grad_norm``): the
-        guard does not read the gradients again for it. Cost: none."""
+        guard does not read the gradients again for it. ``params``: what it was computed
+        over — ignored unless that is every parameter the guard checks (a norm of a subset
+        is not the step's). Cost: a count of ``params``."""
+        check = self.guard.check
+        if params is not None and check is not None and \
+                sum(1 for p in params if p.requires_grad) != len(check.params):
+            return
         self.guard.note_grad_norm(norm)
 
     def wrap_accelerator(self, accelerator: Any, active: Callable[[], "GuardedStep | None"]) -> None:
@@ -119,11 +125,12 @@ class GuardedStep:
                 g.add_loss(loss)
             return backward(loss, **kw)
 
-        def _clip(*a: Any, **kw: Any) -> Any:
-            total = clip(*a, **kw)
+        def _clip(parameters: Any, *a: Any, **kw: Any) -> Any:
+            params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
+            total = clip(params, *a, **kw)
             g = active()
             if g is not None:
-                g.note_grad_norm(total)
+                g.note_grad_norm(total, params)
             return total
 
         _backward._titan = True  # type: ignore[attr-defined]

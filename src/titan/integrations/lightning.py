@@ -218,9 +218,10 @@ class TitanCallback(Callback):
             return
 
         def clip_grad_by_norm(optimizer: Any, clip_val: Any) -> None:
-            total = torch.nn.utils.clip_grad_norm_(plugin.main_params(optimizer), clip_val)
+            params = list(plugin.main_params(optimizer))
+            total = torch.nn.utils.clip_grad_norm_(params, clip_val)
             if self.step is not None:
-                self.step.note_grad_norm(total)
+                self.step.note_grad_norm(total, params)
 
         plugin.clip_grad_by_norm = clip_grad_by_norm
         self._clip_patched = plugin
