@@ -5,10 +5,14 @@ Two Trainers on the same model architecture, data and arguments in one process �
 optimizer steps (A, B, A, B, …) so that machine noise hits them alike. A timing callback
 splits each step at the Trainer's own hooks: ``fwd+bwd`` (on_step_begin → on_pre_optimizer_step:
 forward, backward with the DDP all-reduce — and under Titan the guard's comm hook — and
-clipping), ``optimizer`` (→ on_optimizer_step: the update; under Titan the guard's exchange
-and decision around it, which the guarded step also times apart), ``rest`` (→ on_step_end).
-All three integrations share the guarded step (titan.integrations._core), so its cost is
-theirs too. Run it under ``titan run`` so the beacons are live as in production:
+clipping; under Titan also the guard's step vector, which rides DDP's last bucket),
+``optimizer`` (→ on_optimizer_step: the update; under Titan the guard's decision around it,
+which the guarded step also times apart), ``rest`` (→ on_step_end);
+beside it each variant's CPU time per step (this process, all threads: what a step
+computes, not what it waits for — much less sensitive to the machine's load) and, per
+block, per thread. All three integrations share the guarded step
+(titan.integrations._core), so its cost is theirs too. Run it under ``titan run`` so the
+beacons are live as in production:
 
     .venv/bin/titan run --nproc-per-node 2 -- bench/integrations_overhead.py --blocks 6 --block 30
 """

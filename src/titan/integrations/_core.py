@@ -7,10 +7,15 @@ A framework calls ``optimizer.step()`` itself (the Trainer and Accelerate throug
 else changes — so that call becomes :meth:`titan.guard.StepGuard.step`: the guard reads the
 gradients its DDP comm hook flagged before the all-reduce, agrees with every rank on one
 verdict, and then either runs the original ``step`` (at its ``lr_scale``) or skips it on
-every rank alike. The framework is told a skip through its own channel (the Trainer and
-Accelerate: ``AcceleratedOptimizer.step_was_skipped``, as for an fp16 overflow; Lightning:
-the step-interval schedulers' next ``step`` is dropped), so the learning-rate schedule
-counts applied updates — the guard's rule everywhere (``guard.step_scheduler_on_skip``).
+every rank alike. Each micro-batch's loss reaches the guard before its backward (the
+frameworks' ``backward``, wrapped on the instance), so the verdict's exchange rides DDP's
+last gradient bucket instead of adding a synchronisation after the backward; the norm the
+framework clips with is noted, so the gradients are not read again for it.
+
+The framework is told a skip through its own channel (the Trainer and Accelerate:
+``AcceleratedOptimizer.step_was_skipped``, as for an fp16 overflow; Lightning: the
+step-interval schedulers' next ``step`` is dropped), so the learning-rate schedule counts
+applied updates — the guard's rule everywhere (``guard.step_scheduler_on_skip``).
 
 The beacon's phases, a drill's injection points and the ``step`` event come with the guard
 (``titan.guard.progress``): its module hooks see every forward through the DDP module.

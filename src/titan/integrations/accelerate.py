@@ -138,8 +138,9 @@ class TitanAccelerate:
 
     ``model``, ``optimizer`` (and ``scheduler``): as ``accelerator.prepare`` returned them.
     Restores the newest verified checkpoint at once (collective); :attr:`step` is the step
-    it resumed after (0 for a fresh run). Cost per step: the guard's (one pre-reduce norm
-    per bucket, one small all-reduce) and the checkpointer's one 3-integer all-reduce.
+    it resumed after (0 for a fresh run). Cost per step: the guard's (one pre-reduce read
+    of each bucket, its small all-reduce launched with DDP's last bucket) and the
+    checkpointer's one 3-integer all-reduce.
     """
 
     def __init__(self, accelerator: Any, model: torch.nn.Module, optimizer: Any, *, scheduler: Any = None,

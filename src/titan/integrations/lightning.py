@@ -158,7 +158,8 @@ class TitanCheckpointIO(CheckpointIO):
 class TitanCallback(Callback):
     """Guard, beacons, events, verified checkpoints and exact resume (module doc).
 
-    Cost per step: the guard's (one pre-reduce norm per bucket, one small all-reduce); per
+    Cost per step: the guard's (one pre-reduce read of each bucket, its small all-reduce
+    launched with DDP's last bucket); per
     save: one all-gather of each rank's RNG state (a few KB).
     """
 

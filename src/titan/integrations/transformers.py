@@ -80,7 +80,9 @@ class TitanCallback(TrainerCallback):
     what the script does next (``save_model``, ``evaluate``, teardown) is not watched as a
     hang; pass ``False`` when ``train()`` is called again on this trainer (stages, the
     overhead benchmark): the beacon is then marked done at exit. Cost per step: the guard's
-    (one pre-reduce norm per bucket, one small all-reduce); per save: a barrier and one checksum read of the checkpoint on rank 0.
+    (one pre-reduce read of each bucket, its small all-reduce launched with DDP's last
+    bucket: ``docs/benchmarks.md`` § integrations); per save: a barrier and one checksum
+    read of the checkpoint on rank 0.
     """
 
     def __init__(self, trainer: Any, *, max_norm: float | None = None, done_at_train_end: bool = True) -> None:
