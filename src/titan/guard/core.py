@@ -247,14 +247,16 @@ class StepGuard:
         """Run one optimizer step under guard.
 
         ``loss_or_fwd_bwd``: the step's loss (a tensor or float, after the loop's backward),
-        None for the mean of the losses given to :meth:`add_loss` (0 if none), or a closure that zeroes the gradients, runs forward/backward of the step and returns
-        the loss — only a closure lets the guard replay a faulty step (policy ``replay``) to
-        classify it as transient or persistent; with a loss a faulty step is skipped
-        unclassified. Cost on a clean step: the closure (if any), one pre-reduce read of the
-        gradients (DDP and FSDP2; none without a wrapper), one all-reduce of ``3 + 3·world``
+        None for the mean of the losses given to :meth:`add_loss` (0 if none), or a closure
+        that zeroes the gradients, runs forward/backward of the step and returns the loss —
+        only a closure lets the guard replay a faulty step (policy ``replay``) to classify it
+        as transient or persistent; with a loss a faulty step is skipped unclassified. Cost
+        on a clean step: the closure (if any), one pre-reduce read of the gradients (DDP at
+        world > 1 and FSDP2; none without a wrapper), one all-reduce of ``3 + 3·world``
         floats (none at world 1; under DDP with the loss given to :meth:`add_loss` before the
         backward, launched with the last gradient bucket's instead of after the backward),
-        one read of the reduced gradients for their norm (DDP) and one host read. On a faulty step: an all-gather of
+        one read of the reduced gradients for their norm (DDP, unless noted:
+        :meth:`note_grad_norm`) and one host read. On a faulty step: an all-gather of
         per-rank details and (a closure, policy ``replay``) one more forward/backward.
         ``samples``: this rank's dataset indices of the step (or a callable returning
         them, evaluated only on a faulty step), logged when a fault is persistent.
