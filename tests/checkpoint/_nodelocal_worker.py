@@ -39,7 +39,8 @@ def rank_main(rank: int, world: int, port: int, spec: dict[str, Any]) -> None:
     settings = load_settings(env={"TITAN_CHECKPOINT_EVERY_STEPS": str(spec["every"]),
                                   "TITAN_CHECKPOINT_MODE": spec.get("mode", "sync"),
                                   "TITAN_CHECKPOINT_SAVE_ON_SIGTERM": "false",
-                                  "TITAN_CHECKPOINT_REPLICATE": spec.get("replicate", "auto")})
+                                  "TITAN_CHECKPOINT_REPLICATE": spec.get("replicate", "auto"),
+                                  **spec.get("settings", {})})
     ctx = WorkerContext.from_env(settings, run_dir=spec["run_dirs"][node], env=env)
     st = build()
     ck = Checkpointer(ctx, root=spec["roots"][node])

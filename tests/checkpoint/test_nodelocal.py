@@ -57,12 +57,12 @@ class Cluster:
             s.close()
 
     def run(self, out: Path, *, stop: int, every: int = 4, mode: str = "sync", attempt: int = 0,
-            replicate: str = "auto") -> list[dict[str, Any]]:
+            replicate: str = "auto", settings: dict[str, str] | None = None) -> list[dict[str, Any]]:
         from _nodelocal_worker import rank_main
 
         out.mkdir(parents=True, exist_ok=True)
         spec = {"nodes": NODES, "stop": stop, "every": every, "mode": mode, "attempt": attempt, "out": str(out),
-                "replicate": replicate,
+                "replicate": replicate, "settings": settings or {},
                 "roots": {n: str(self.root(n)) for n in self.servers},
                 "run_dirs": {n: str(self.folder(n)) for n in self.servers},
                 "env": {n: {"TITAN_REPLICA_ENDPOINT": s.endpoint, "TITAN_REPLICA_KEY": KEY.hex(),
@@ -88,14 +88,22 @@ def cluster(tmp_path):
     c.close()
 
 
-def test_node_local_save_commits_on_every_node_with_a_buddy_copy_and_loses_nothing_with_a_node(cluster, tmp_path):
-    # The reference: the same job, never interrupted (its own folders).
-    ref = Cluster(tmp_path / "ref")
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """The same job, never interrupted (its own folders): every rank's result after step 8."""
+    base = tmp_path_factory.mktemp("ref")
+    ref = Cluster(base)
     try:
-        want = ref.run(tmp_path / "o-ref", stop=8)
+        want = ref.run(base / "o-ref", stop=8)
     finally:
         ref.close()
     assert {r["layout"]["storage"] for r in want} == {"node-local"}, want[0]["layout"]
+    return want
+
+
+def test_node_local_save_commits_on_every_node_with_a_buddy_copy_and_loses_nothing_with_a_node(cluster, tmp_path,
+                                                                                               reference):
+    want = reference
 
     first = cluster.run(tmp_path / "o1", stop=6)
     assert all(r["start"] == 0 for r in first)
@@ -125,6 +133,30 @@ def test_node_local_save_commits_on_every_node_with_a_buddy_copy_and_loses_nothi
     assert verify(cluster.root("nodeB") / "step-00000004").ok, "the replacement node has no complete copy"
     loaded = _events(cluster.folder("nodeB"), "ckpt.loaded")
     assert loaded and loaded[0]["data"]["fetched_files"] > 0 and "nodeA" in loaded[0]["data"]["fetched_from"], loaded
+
+
+def test_every_node_lost_resumes_from_the_durable_tier_bitwise(cluster, tmp_path, reference):
+    durable = tmp_path / "durable"  # a folder every node sees (a shared file system)
+    persist = {"TITAN_CHECKPOINT_PERSIST_EVERY_STEPS": "4", "TITAN_CHECKPOINT_PERSIST_DIR": str(durable)}
+    first = cluster.run(tmp_path / "o1", stop=6, settings=persist)
+    assert all(r["start"] == 0 for r in first)
+    m = read_manifest(durable / "step-00000004")
+    assert m["storage"] == "node-local" and verify(durable / "step-00000004").ok, m
+    # Each node wrote its own shards there (every node's ranks appear in the placement).
+    assert {p["node"] for p in m["placement"].values()} == {"nodeA", "nodeB"}, m["placement"]
+    for node in ("nodeA", "nodeB"):  # both nodes, their disks and the buddies' replicas: gone
+        cluster.lose(node)
+    for node in ("nodeA", "nodeB"):
+        cluster.start(node)  # replacements with empty folders
+    second = cluster.run(tmp_path / "o2", stop=8, attempt=1, settings=persist)
+    assert all(r["start"] == 4 for r in second), [r["start"] for r in second]
+    assert all(r["params"] == w["params"] for r, w in zip(second, reference)), \
+        "resumed from the durable tier, the final state differs from the clean run"
+    for node in ("nodeA", "nodeB"):
+        loaded = _events(cluster.folder(node), "ckpt.loaded")
+        assert loaded and loaded[0]["data"]["source"] == "durable", loaded
+        assert set(loaded[0]["data"]["fetched_from"]) == {"durable"}, loaded[0]["data"]
+        assert verify(cluster.root(node) / "step-00000004").ok, f"{node} holds no complete copy of step 4"
 
 
 @pytest.mark.slow  # two runs of 4 spawned ranks; CI keeps the node-loss case above

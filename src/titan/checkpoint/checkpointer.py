@@ -286,6 +286,7 @@ class Checkpointer:
             self._failed(step, e, stall)
             if self._dir_leader():
                 shutil.rmtree(part, ignore_errors=True)  # free the space; older checkpoints untouched
+            self._persist(step, writer, False, group)  # collective: every rank takes part
             return False
         nbytes = 0
         if final is not None:
@@ -309,7 +310,24 @@ class Checkpointer:
                                  level="warning", step=step,
                                  data={"step": step, "node": self.ctx.node, "rank": self.rank, "path": str(self.root),
                                        **slow})
+        self._persist(step, writer, True, group)
         return True
+
+    def _persist(self, step: int, writer: Any, ok: bool, group: Any) -> None:
+        """Every ``persist_every_steps``: copy the committed step to the durable tier
+        (``titan.checkpoint.durable``; collective on ``group``, after ``ckpt.saved`` so that
+        the slow-save detector and the save's own times never include it)."""
+        from titan.checkpoint.durable import persist, persist_due
+
+        if not persist_due(self.cfg, step):
+            return
+        try:
+            persist(self, step, dict(writer.fs.sums), ok, group)
+        except Exception as e:  # noqa: BLE001 - a peer gone mid-copy: the restart will tell; never crash the save
+            log.warning("durable copy of step %d failed: %s", step, e)
+            self.ctx.events.emit("ckpt.persist_failed", f"checkpoint step {step} not copied to durable storage: {e}",
+                                 level="warning", step=step, data={"step": step, "error": str(e)[:500],
+                                                                    "dir": self.cfg.persist_dir})
 
     def _failed(self, step: int, exc: BaseException, stall: float) -> None:
         kind, info = _commit.classify_failure(exc, self.root)

@@ -119,8 +119,9 @@ def compute_layout(ck: "Checkpointer", group: Any) -> Layout:
     from titan.checkpoint.collectives import gather_json, world_of
 
     root = str(Path(ck.root).resolve())
-    if world_of(group) == 1:
-        return Layout(0, (ck.ctx.node,), ((0,),), (None,), (None,), "off", "single", root)
+    if world_of(group) == 1:  # the replica server (if any) still serves a job that went on at MIN
+        return Layout(0, (ck.ctx.node,), ((0,),), (os.environ.get(TITAN_REPLICA_ENDPOINT) or None,),
+                      (os.environ.get(TITAN_REPLICA_EXPORT) or None,), "off", "single", root)
     view_raw = os.environ.get(TITAN_STORAGE_VIEW, "")
     view = None
     if view_raw:

@@ -36,7 +36,7 @@ from titan.security.paths import PathEscape, check_regular, confined, is_plain_n
 
 __all__ = [
     "FORMAT", "VERSION", "MANIFEST", "LATEST", "SUMS_PREFIX", "step_dir_name", "parse_step",
-    "build_manifest", "write_manifest", "read_manifest", "verify", "VerifyResult",
+    "build_manifest", "write_manifest", "read_manifest", "parse_manifest", "manifest_bytes", "MAX_MANIFEST_BYTES", "verify", "VerifyResult",
     "list_committed", "read_latest", "fsync_dir", "crc32_file", "build_file_manifest",
 ]
 
@@ -50,6 +50,7 @@ SUMS_PREFIX = "__sums."
 _STEP_RE = re.compile(r"^step-(\d{8,})$")
 _CHUNK = 8 << 20
 _MAX_MANIFEST = 64 << 20
+MAX_MANIFEST_BYTES = _MAX_MANIFEST
 
 
 def step_dir_name(step: int) -> str:
@@ -150,13 +151,18 @@ def build_file_manifest(ckpt: Path, files: list[str], *, step: int, world_size: 
     }
 
 
+def manifest_bytes(manifest: dict[str, Any]) -> bytes:
+    """A manifest as written to storage (local folder or fsspec store alike)."""
+    return (json.dumps(manifest, indent=1, sort_keys=True) + "\n").encode()
+
+
 def write_manifest(ckpt: Path, manifest: dict[str, Any], *, fsync: bool = True, name: str = MANIFEST) -> None:
     """Write ``manifest.json`` (or ``name``; temp name, fsync, rename) and fsync the directory."""
     inject.point("manifest_write")
     tmp = ckpt / f".{name}.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
-        os.write(fd, (json.dumps(manifest, indent=1, sort_keys=True) + "\n").encode())
+        os.write(fd, manifest_bytes(manifest))
         if fsync:
             os.fsync(fd)
     finally:
@@ -173,14 +179,23 @@ def read_manifest(ckpt: Path, name: str = MANIFEST) -> dict[str, Any]:
     try:
         with open(open_regular(p, what="manifest"), "rb") as f:
             raw = f.read(_MAX_MANIFEST + 1)
-        if len(raw) > _MAX_MANIFEST:
-            raise ValueError(f"larger than {_MAX_MANIFEST >> 20} MiB")
-        m = json.loads(raw)
     except FileNotFoundError:
         raise ValueError("no manifest (the save never completed)") from None
     except PathEscape as e:
         raise ValueError(f"manifest refused: {e}") from None
-    except (OSError, ValueError) as e:
+    except OSError as e:
+        raise ValueError(f"manifest unreadable: {e}") from None
+    return parse_manifest(raw)
+
+
+def parse_manifest(raw: bytes) -> dict[str, Any]:
+    """Parse and sanity-check a manifest's bytes (read from a file or an fsspec store);
+    raises ``ValueError`` saying what is wrong."""
+    try:
+        if len(raw) > _MAX_MANIFEST:
+            raise ValueError(f"larger than {_MAX_MANIFEST >> 20} MiB")
+        m = json.loads(raw)
+    except ValueError as e:
         raise ValueError(f"manifest unreadable: {e}") from None
     if not isinstance(m, dict) or m.get("format") != FORMAT:
         raise ValueError("manifest is not a Titan checkpoint manifest")

@@ -23,6 +23,7 @@ keep, a file that fails its check on disk fetched again. Then DCP loads as on sh
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -203,7 +204,21 @@ def _inventory(ck: "Checkpointer", lay: Layout) -> dict[str, Any] | None:
             log.warning("replica server %s not listed: %s", ep, e)
     export_ok = bool(lay.exports[lay.rank]) and Path(lay.exports[lay.rank] or "").resolve() == Path(ck.root).resolve()
     return {"domain": lay.domain, "node": lay.name_of(lay.domain), "endpoint": ep, "export": export_ok,
-            "steps": steps, "replicas": replicas}
+            "steps": steps, "replicas": replicas, "durable": _durable_steps(ck) if lay.rank == 0 else {}}
+
+
+def _durable_steps(ck: "Checkpointer") -> dict[str, Any]:
+    """The durable tier's committed steps with their manifests (listed once, by rank 0)."""
+    from titan.checkpoint.durable import open_tier
+
+    tier = open_tier(ck)
+    if tier is None:
+        return {}
+    try:
+        return {str(s): m for s, m in tier.steps().items() if isinstance(m, dict)}
+    except Exception as e:  # noqa: BLE001 - an unreachable store: the nodes' copies still count
+        log.warning("durable tier %s not listed: %s", tier.describe(), e)
+        return {}
 
 
 def _choose_manifest(invs: list[dict[str, Any]], step: int) -> dict[str, Any] | None:
@@ -212,8 +227,8 @@ def _choose_manifest(invs: list[dict[str, Any]], step: int) -> dict[str, Any] | 
         m = (inv["steps"].get(str(step)) or {}).get("manifest")
         if m:
             votes.setdefault(json.dumps(m, sort_keys=True), []).append(m)
-    if not votes:
-        return None
+    if not votes:  # no node holds it: the durable tier's copy, if any
+        return next((i["durable"][str(step)] for i in invs if str(step) in i.get("durable", {})), None)
     return max(votes.values(), key=len)[0]
 
 
@@ -235,7 +250,16 @@ def _holders(invs: list[dict[str, Any]], step: int, name: str, want: dict[str, i
         for set_id, blobs in inv["replicas"].items():
             if set_id.split("/")[1:2] == [dname] and blobs.get(name) == [want["size"], want["crc32"]]:
                 out.append((inv["endpoint"], set_id))
+    # Last resort: the durable tier (a lost node *and* its buddy, or every node replaced).
+    for inv in invs:
+        files = (inv.get("durable", {}).get(str(step)) or {}).get("files") or {}
+        if files.get(name) == want:
+            out.append((DURABLE, str(step)))
     return out
+
+
+#: The holder name of the durable tier in ``_holders`` and ``fetched_from``.
+DURABLE = "durable"
 
 
 def _assemble(ck: "Checkpointer", lay: Layout, invs: list[dict[str, Any]], step: int,
@@ -249,11 +273,15 @@ def _assemble(ck: "Checkpointer", lay: Layout, invs: list[dict[str, Any]], step:
     work = final if final.is_dir() else _commit.partial_dir(ck.root, step)
     try:
         work.mkdir(parents=True, exist_ok=True)
-        cl = _client(ck)
-    except Exception as e:  # noqa: BLE001
+    except OSError as e:
         out["problems"].append(f"{lay.name_of(lay.domain)}: cannot assemble {dname}: {e}")
         return out
-    with cl:
+    try:
+        cl = _client(ck)
+    except ReplicationFailed as e:  # no replicas to ask; the durable tier may still serve
+        cl, no_client = None, str(e)
+    tier = None
+    with cl or contextlib.nullcontext():
         for name, want in sorted(manifest["files"].items()):
             local = work / name
             bad = None
@@ -266,11 +294,21 @@ def _assemble(ck: "Checkpointer", lay: Layout, invs: list[dict[str, Any]], step:
             tried = []
             for endpoint, set_id in _holders(invs, step, name, want, lay.domain):
                 try:
-                    cl.get(endpoint, set_id, name, into=local, expect=BlobInfo(want["size"], want["crc32"]))
+                    if endpoint == DURABLE:
+                        from titan.checkpoint.durable import open_tier
+
+                        tier = tier or open_tier(ck)
+                        assert tier is not None
+                        tier.fetch(step, name, local, want)
+                    elif cl is None:
+                        raise ReplicationFailed(no_client)
+                    else:
+                        cl.get(endpoint, set_id, name, into=local, expect=BlobInfo(want["size"], want["crc32"]))
                 except Exception as e:  # noqa: BLE001 - try the next holder
                     tried.append(f"{set_id} on {endpoint}: {e}")
                     continue
-                src = next((i["node"] for i in invs if i["endpoint"] == endpoint), endpoint)
+                src = DURABLE if endpoint == DURABLE else next(
+                    (i["node"] for i in invs if i["endpoint"] == endpoint), endpoint)
                 out["fetched"][src] = out["fetched"].get(src, 0) + 1
                 out["bytes"] += want["size"]
                 if bad:
@@ -305,7 +343,8 @@ def restore_nodelocal(ck: "Checkpointer", lay: Layout, app_state: Mapping[str, A
     from torch.distributed.checkpoint.api import CheckpointException
 
     invs = [i for i in gather_json(_inventory(ck, lay), ck._ctl) if i is not None]
-    steps = sorted({int(s) for inv in invs for s, st in inv["steps"].items() if st.get("manifest")}, reverse=True)
+    steps = sorted({int(s) for inv in invs for s, st in inv["steps"].items() if st.get("manifest")}
+                   | {int(s) for inv in invs for s in inv.get("durable", {})}, reverse=True)
     touched = False
     tried = 0
     for step in steps:
@@ -335,11 +374,13 @@ def restore_nodelocal(ck: "Checkpointer", lay: Layout, app_state: Mapping[str, A
                 for r in reports:
                     for n, k in r["fetched"].items():
                         fetched[n] = fetched.get(n, 0) + k
+                names = [f"durable storage {ck.cfg.persist_dir}" if n == DURABLE else n for n in sorted(fetched)]
                 ck.ctx.events.emit("ckpt.loaded", f"resumed from {path.name} (node-local"
-                                   + (f"; {sum(fetched.values())} file(s) fetched from {', '.join(sorted(fetched))}"
+                                   + (f"; {sum(fetched.values())} file(s) fetched from {', '.join(names)}"
                                       if fetched else "") + ")" + (f" (in memory: {memory_note})" if memory_note else ""),
                                    step=step, data={
-                    "step": step, "path": str(path), "source": "disk", "storage": "node-local", "memory": memory_note,
+                    "step": step, "path": str(path), "source": DURABLE if DURABLE in fetched else "disk",
+                    "storage": "node-local", "memory": memory_note,
                     "verify_s": assemble_s, "load_s": time.monotonic() - t1, "bytes": manifest.get("bytes", 0),
                     "verified_bytes": sum(r["verified_bytes"] for r in reports),
                     "fetched_files": sum(fetched.values()), "fetched_from": fetched,

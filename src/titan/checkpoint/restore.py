@@ -74,12 +74,14 @@ def restore(ck: "Checkpointer", app_state: Mapping[str, Any]) -> int:
     from torch.distributed.checkpoint.api import CheckpointException
 
     lay = getattr(ck, "_layout", None)
-    if lay is not None and lay.node_local:
+    if lay is not None and (lay.node_local or ck._all_max([int(ck.rank == 0 and _written_node_local(ck.root))])[0]):
+        # Several nodes' folders — or fewer nodes now (a job that went on at MIN) whose
+        # checkpoints were written node-locally: the lost nodes' shards are in replicas.
         return _restore_nodelocal(ck, lay, app_state)
     if ck.rank == 0:
         for p in _commit.clean_partials(ck.root):
             log.info("removed unfinished save %s", p.name)
-    listing = [(s, str(p)) for s, p in reversed(_mf.list_committed(ck.root))] if ck.rank == 0 else None
+    listing, durable = _candidates(ck) if ck.rank == 0 else (None, {})
     moved_before = _quarantined(ck.root) if ck.rank == 0 else 0  # unusable ones moved aside by an earlier restore
     held = _tier_steps(ck)  # this rank's valid in-memory snapshots, per tier
     gathered = ck._all_gather((listing, moved_before, held))  # one collective for the whole choice
@@ -89,7 +91,7 @@ def restore(ck: "Checkpointer", app_state: Mapping[str, Any]) -> int:
     why_not = _why_not_memory(per_rank, mem)
     mem_tried = False
     touched = False
-    for step, spath in listing or []:
+    for step, spath, src in listing or []:
         if mem is not None and not mem_tried and mem[1] >= step:
             mem_tried = True
             if _load_memory(ck, mem, app_state, why_not):
@@ -97,6 +99,8 @@ def restore(ck: "Checkpointer", app_state: Mapping[str, Any]) -> int:
             touched, why_not = True, "the agreed snapshot failed to load"
         path = Path(spath)
         t0 = time.monotonic()
+        if src == "durable" and not _fetch_durable(ck, step, durable.get(step)):
+            continue
         res = _mf.verify(path, checksums=ck.cfg.verify_on_load, share=(ck.rank, ck.world))
         verdicts = ck._all_gather(res.problems)
         problems = [f"rank {r}: {p}" for r, ps in enumerate(verdicts) for p in ps]
@@ -114,15 +118,70 @@ def restore(ck: "Checkpointer", app_state: Mapping[str, Any]) -> int:
             problems = [f"rank {r}: {e}" for r, e in enumerate(errs) if e]
             if not problems:
                 _forget_newer(ck, step)
-                ck.ctx.events.emit("ckpt.loaded", f"resumed from {path.name}" + (f" (in memory: {why_not})" if why_not else ""),
+                ck.ctx.events.emit("ckpt.loaded", f"resumed from {path.name}"
+                                   + (f" (copied from durable storage {ck.cfg.persist_dir})" if src == "durable" else "")
+                                   + (f" (in memory: {why_not})" if why_not else ""),
                                    step=step, data={
-                    "step": step, "path": str(path), "source": "disk", "verify_s": verify_s,
+                    "step": step, "path": str(path), "source": src, "verify_s": verify_s,
                     "load_s": time.monotonic() - t1, "bytes": (res.manifest or {}).get("bytes", 0),
                     "verified_bytes": res.bytes_read, "memory": why_not, **info})
                 return step
         _corrupt(ck, path, problems)
     return _no_disk_checkpoint(ck, app_state, None if mem_tried else mem, why_not, touched,
                                len(listing or []), int(moved_before), {})
+
+
+def _written_node_local(root: Path) -> bool:
+    """Whether a committed checkpoint here was written node-locally (several storage domains)."""
+    for _, p in reversed(_mf.list_committed(root)):
+        try:
+            m = _mf.read_manifest(p)
+        except ValueError:
+            continue
+        if m.get("storage") == "node-local" and len(m.get("domains") or []) > 1:
+            return True
+    return False
+
+
+def _candidates(ck: "Checkpointer") -> tuple[list[tuple[int, str, str]], dict[int, dict[str, Any]]]:
+    """Rank 0, shared storage: (step, path, ``disk``|``durable``) newest first — at the same
+    step this folder's copy before the durable tier's — and the durable manifests."""
+    from titan.checkpoint.durable import open_tier
+
+    out = [(s, str(p), "disk") for s, p in _mf.list_committed(ck.root)]
+    durable: dict[int, dict[str, Any]] = {}
+    tier = open_tier(ck)
+    if tier is not None:
+        try:
+            durable = {s: m for s, m in tier.steps().items() if isinstance(m, dict)}
+        except Exception as e:  # noqa: BLE001 - an unreachable store: the local copies still count
+            log.warning("durable tier %s not listed: %s", tier.describe(), e)
+        out += [(s, str(ck.root / _mf.step_dir_name(s)), "durable") for s in durable]
+    return sorted(out, key=lambda c: (c[0], c[2] == "disk"), reverse=True), durable
+
+
+def _fetch_durable(ck: "Checkpointer", step: int, manifest: dict[str, Any] | None) -> bool:
+    """Rank 0 copies ``step`` from the durable tier into the checkpoint folder (collective:
+    every rank learns whether it worked). A failure is ``ckpt.corrupt`` naming the tier."""
+    from titan.checkpoint.durable import fetch_step, open_tier
+
+    err = None
+    if ck.rank == 0:
+        tier = open_tier(ck)
+        try:
+            assert tier is not None and manifest is not None
+            fetch_step(tier, step, manifest, ck.root, fsync=ck.cfg.fsync)
+        except Exception as e:  # noqa: BLE001 - reported; the next candidate is tried
+            err = f"{type(e).__name__}: {e}"[:400]
+    errs = ck._all_gather(err)
+    if errs[0] is None:
+        return True
+    if ck.rank == 0:
+        where = f"{ck.cfg.persist_dir.rstrip('/')}/{_mf.step_dir_name(step)}"
+        ck.ctx.events.emit("ckpt.corrupt", f"{_mf.step_dir_name(step)} in durable storage unusable: {errs[0]}",
+                           level="error", data={"path": where, "reasons": [errs[0]], "moved_to": None,
+                                                "tier": "durable"})
+    return False
 
 
 def _no_disk_checkpoint(ck: "Checkpointer", app_state: Mapping[str, Any], mem: tuple[str, int] | None,

@@ -6,7 +6,7 @@ import dataclasses
 
 from titan.settings.core import register_section, require
 
-__all__ = ["CheckpointConfig"]
+__all__ = ["CheckpointConfig", "is_url"]
 
 
 @register_section("checkpoint")
@@ -55,10 +55,15 @@ class CheckpointConfig:
     replicate: str = "auto"
     #: Bound on one replication or fetch request (connect, send, the buddy's write).
     replica_timeout_s: float = 120.0
-    #: Node-local storage: every K-th committed checkpoint is also copied to ``persist_dir``
-    #: (a shared folder or an fsspec URL), which every node can restore from (0 = off).
+    #: The durable tier: the checkpoint of every step that is a multiple of this (a multiple
+    #: of ``every_steps``) is also copied to ``persist_dir`` — a folder every node sees or an
+    #: fsspec URL (``pip install 'titan-resilience[fsspec]'`` plus the store's own package) —
+    #: off the training loop; a restore falls back to it when the nodes' own copies and their
+    #: buddies' are gone (0 = off).
     persist_every_steps: int = 0
     persist_dir: str = ""
+    #: Retention of the durable tier: its newest N steps are kept.
+    persist_keep_last: int = 2
 
     def __post_init__(self) -> None:
         require(self.every_steps >= 0, "every_steps must be >= 0", "use 0 (explicit saves only) or a step count")
@@ -74,3 +79,37 @@ class CheckpointConfig:
         require(not self.persist_every_steps or bool(self.persist_dir),
                 "checkpoint.persist_every_steps needs checkpoint.persist_dir",
                 "give a shared folder or an fsspec URL, e.g. --set checkpoint.persist_dir=/shared/exp42")
+        require(not self.persist_dir or bool(self.persist_every_steps),
+                "checkpoint.persist_dir is set but checkpoint.persist_every_steps is 0 (nothing would be copied)",
+                "set how often, e.g. --set checkpoint.persist_every_steps=1000 (a multiple of every_steps)")
+        require(not (self.persist_every_steps and self.every_steps) or self.persist_every_steps % self.every_steps == 0,
+                f"checkpoint.persist_every_steps={self.persist_every_steps} is not a multiple of "
+                f"checkpoint.every_steps={self.every_steps}: only common multiples would be copied",
+                f"use a multiple of {self.every_steps}, e.g. {self.every_steps * 10}")
+        require(self.persist_keep_last >= 1, "persist_keep_last must be >= 1", "keep at least the newest, e.g. 2")
+        if self.persist_dir:
+            _check_persist_url(self.persist_dir)
+
+
+def is_url(where: str) -> bool:
+    """An fsspec URL (``scheme://…``, ``file://`` included) rather than a plain folder."""
+    head, sep, _ = where.partition("://")
+    return bool(sep) and head.replace("+", "").replace("-", "").isalnum()
+
+
+def _check_persist_url(where: str) -> None:
+    """An fsspec URL needs fsspec and the store's implementation, installed here (one line if not)."""
+    if not is_url(where):
+        return
+    scheme = where.split("://", 1)[0]
+    try:
+        import fsspec
+    except ImportError:
+        require(False, f"checkpoint.persist_dir {where!r} is a URL and fsspec is not installed",
+                "pip install 'titan-resilience[fsspec]' (and the store's package, e.g. s3fs), or give a shared folder")
+        return
+    try:
+        fsspec.get_filesystem_class(scheme)
+    except (ImportError, ValueError) as e:
+        require(False, f"checkpoint.persist_dir {where!r}: fsspec cannot open {scheme}:// here ({e})"[:300],
+                f"install the package fsspec names for {scheme}://, or give a shared folder")
