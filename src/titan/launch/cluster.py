@@ -89,7 +89,7 @@ class ClusterServices:
 
     def __init__(self, *, run_id: str, node: str, settings: Any, security: Any, root: Path, multi_node: bool,
                  record: Callable[[Mapping[str, Any]], None], emit: Callable[..., None],
-                 say: Callable[[str], None] | None = None) -> None:
+                 say: Callable[[str], None] | None = None, nnodes: tuple[int, int] = (1, 1)) -> None:
         self.run_id, self.node, self.settings, self.security = run_id, node, settings, security
         self.root = Path(root).resolve()
         self.multi_node = multi_node
@@ -102,6 +102,8 @@ class ClusterServices:
         self.ledger_sync = self._make_ledger_sync()
         self._members: dict[str, str] = {}  # node id -> incarnation, as of the previous round
         self.attempt: int | None = None  # the job-wide attempt of the last round this node joined
+        self.nnodes = nnodes  # --nnodes MIN:MAX
+        self._round_nodes: int | None = None  # nodes in the previous round
 
     # --- the replica server -----------------------------------------------------------
     @property
@@ -215,6 +217,8 @@ class ClusterServices:
         if int(info.world_size) == 1:  # one node: nothing to probe or agree (no file, no store traffic)
             self.attempt = 0 if self.attempt is None else self.attempt + 1
             os.environ[TITAN_ATTEMPT] = str(self.attempt)
+            lost = self._note_members([{"node": self.node, "incarnation": self.incarnation}], rnd)
+            self._note_size(1, lost, rnd)
             self._publish(StorageView(str(self.root), (self.node,), ((0,),)), rnd)
             return
         context = f"{handler.get_run_id()}:{rnd}"
@@ -224,7 +228,7 @@ class ClusterServices:
         me = {"node": self.node, "incarnation": self.incarnation, "committed": self._newest_committed(),
               "attempt": 0 if self.attempt is None else self.attempt + 1}
         members = exchange("member", me)
-        self._note_members(members, rnd)
+        self._note_size(int(info.world_size), self._note_members(members, rnd), rnd)
         self._base_store = getattr(handler, "_store", self._base_store)
         self.sync_ledger(when="after the round")
         self.attempt = max(int(m.get("attempt") or 0) for m in members if isinstance(m, dict))
@@ -240,8 +244,30 @@ class ClusterServices:
             return None
         return done[-1][0] if done else None
 
-    def _note_members(self, members: list[Any], rnd: Any) -> None:
-        """``launcher.node_lost`` for each node of the previous round that was replaced or is gone."""
+    def _note_size(self, n: int, lost: list[str], rnd: Any) -> None:
+        """``launcher.world`` and ``run.json`` → ``elastic`` when a round has fewer nodes than the
+        one before (a node lost, no spare to take its place): the job goes on smaller — at
+        MIN or above — with its state resharded from the last checkpoint (DCP)."""
+        lo, hi = self.nnodes
+        prev, self._round_nodes = self._round_nodes, n
+        state = {"nodes": n, "min": lo, "max": hi, "at_min": n == lo, "round": rnd}
+        if prev is None or n >= prev:
+            self.record({"elastic": {**state, "previous": prev}})
+            return
+        gone = [x for x in lost if x != self.node]
+        where = "MIN" if n == lo else f"{n} (MIN {lo})"
+        msg = (f"continuing at {where}: {n} of {hi} node{'s' if hi > 1 else ''} (was {prev})"
+               + (f"; {', '.join(gone)} lost and no spare took {'its' if len(gone) == 1 else 'their'} place"
+                  if gone else "") + "; the model state is resharded from the last checkpoint")
+        self.record({"elastic": {**state, "previous": prev, "shrunk": True, "lost": gone}})
+        self.emit("launcher.world", msg, level="warning", data={**state, "previous": prev, "lost": gone})
+        if self.say is not None:
+            self.say(f"titan run: {msg}")
+
+    def _note_members(self, members: list[Any], rnd: Any) -> list[str]:
+        """``launcher.node_lost`` for each node of the previous round that was replaced or is gone;
+        returns their ids."""
+        lost = []
         now = {str(m["node"]): m for m in members if isinstance(m, dict) and "node" in m}
         for node, inc in sorted(self._members.items()):
             if node == self.node:
@@ -250,6 +276,7 @@ class ClusterServices:
             if m is not None and m.get("incarnation") == inc:
                 continue
             how = "gone" if m is None else "replaced"
+            lost.append(node)
             held = None if m is None else m.get("committed")
             disk = "" if m is None else (f"; its checkpoint folder holds step {held}" if held is not None else
                                          "; its checkpoint folder is empty (a new disk)")
@@ -260,6 +287,7 @@ class ClusterServices:
                                              "previous_incarnation": inc,
                                              "incarnation": None if m is None else m.get("incarnation")})
         self._members = {n: str(m.get("incarnation")) for n, m in now.items()}
+        return lost
 
     def _publish(self, view: StorageView, rnd: Any) -> None:
         self.view = view

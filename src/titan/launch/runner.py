@@ -225,7 +225,7 @@ def launch(p: Prepared, *, runs_root: Path, command: Sequence[str], base_env: Ma
     # titan.launch.cluster (issue 20): the storage probe each round, the replica server.
     cluster = ClusterServices(run_id=rd.run_id, node=p.node, settings=settings, security=p.security,
                               root=cwd / (settings.checkpoint.dir or rd.checkpoints), multi_node=not only_node,
-                              record=lambda upd: _merge_run_json(rd, p.node, node_info, upd), emit=rec.emit, say=say)
+                              nnodes=p.opts.min_max_nodes, record=lambda upd: _merge_run_json(rd, p.node, node_info, upd), emit=rec.emit, say=say)
     refused: UserError | None = None
     aborts: list[AbortRequest] = []
     policy = RestartPolicy(rd, settings.watchdog, rec.emit)  # backoff / give-up before each restart

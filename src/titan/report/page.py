@@ -82,6 +82,9 @@ def _cards(d: RunData, s: dict[str, Any]) -> str:
         ("ranks / attempts", f"{len(d.ranks)} / {len(s['attempts'])}"),
         ("last step", str(f.last_step)),
     ]
+    for w in s.get("shrunk") or []:  # a node lost with no spare: the job went on smaller
+        items.append(("continued at " + ("MIN" if w.get("at_min") else "fewer nodes"),
+                      html.escape(f"{w.get('nodes')} of {w.get('max')} nodes")))
     return "<div class='cards'>" + "".join(
         f"<div class='card'><div class='v'>{v}</div><div class='k'>{html.escape(k)}</div></div>" for k, v in items) + "</div>"
 

@@ -34,6 +34,8 @@ def summary_dict(d: RunData) -> dict[str, Any]:
         "command": d.run_json.get("command"), "triage": d.triage, "read_problems": d.problems,
         "events": len(d.events),
         "restart_storms": [dict(e.data, t=e.t) for e in d.events if e.kind == "launcher.restart_storm"],
+        # Rounds with fewer nodes than before (a node lost, no spare): the job went on smaller.
+        "shrunk": [dict(e.data, t=e.t, node=e.node) for e in d.events if e.kind == "launcher.world"],
         "capabilities_off": sorted({k for e in d.events if e.kind == "launcher.capabilities"
                                     for k in e.data.get("off") or []}),
     })
@@ -56,6 +58,10 @@ def summary_markdown(d: RunData) -> str:
            f"(error {a.reconciliation['error_fraction']:.3%})",
            *[f"- restart storm: {st.get('restarts')} restarts within {st.get('window_s')} s "
              f"({md_text('; '.join(st.get('causes') or []) or 'causes unknown')})" for st in s["restart_storms"]],
+           *[f"- continued at {'MIN' if w.get('at_min') else 'a smaller size'}: {w.get('nodes')} of "
+             f"{w.get('max')} nodes (was {w.get('previous')}) from +{w['t'] - a.t0:.0f} s"
+             + (f"; lost: {md_text(', '.join(w.get('lost') or []))}" if w.get("lost") else "")
+             + f" (seen by {md_text(w.get('node'))})" for w in s["shrunk"]],
            *([f"- capabilities off in this run: {', '.join(s['capabilities_off'])}"] if s["capabilities_off"] else []),
            "",
            "## Goodput and badput", "", "| cause | seconds | share | meaning |", "|---|---:|---:|---|"]
