@@ -25,11 +25,12 @@ SECRET = generate_secret()
 
 
 class Node:
-    def __init__(self, name: str, root: Path) -> None:
+    def __init__(self, name: str, root: Path, nnodes: tuple[int, int] = (2, 2)) -> None:
         self.events: list[tuple[str, str, dict[str, Any]]] = []
+        self.run_json: dict[str, Any] = {}
         sec = types.SimpleNamespace(secret=SECRET, listen=types.SimpleNamespace(addr="127.0.0.1"))
         self.svc = ClusterServices(run_id="job", node=name, settings=load_settings(env={}), security=sec, root=root,
-                                   multi_node=True, record=lambda upd: None,
+                                   multi_node=True, record=self.run_json.update, nnodes=nnodes,
                                    emit=lambda kind, msg, level="info", data=None: self.events.append(
                                        (kind, msg, data or {})))
 
@@ -126,3 +127,18 @@ def test_strikes_are_shared_through_the_store_signed_and_an_excluded_node_stays_
         nodes[name].svc.before_join(handler())
         assert nodes[name].svc.ledger_sync.ledger.is_excluded("node1"), f"{name} does not see node1 excluded"
         assert not nodes[name].svc.ledger_sync.ledger.is_excluded("node0"), "the forged strike counted"
+
+
+def test_a_round_without_the_lost_node_and_no_spare_says_the_job_went_on_at_min(tmp_path, monkeypatch):
+    monkeypatch.setenv(TITAN_ATTEMPT, "")
+    master = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=datetime.timedelta(seconds=30))
+    a, b = Node("node0", tmp_path / "ckpt", (1, 2)), Node("node1", tmp_path / "ckpt", (1, 2))
+    _round(master, 0, [a, b])
+    assert a.run_json["elastic"] == {"nodes": 2, "min": 1, "max": 2, "at_min": False, "round": 0, "previous": None}
+    assert not [k for k, _, _ in a.events if k == "launcher.world"], "a full round is no shrink"
+    _round(master, 1, [a])  # node1 gone for good, no spare: node0 alone (world 1)
+    (msg, d), = [(m, d) for k, m, d in a.events if k == "launcher.world"]
+    assert d["nodes"] == 1 and d["at_min"] is True and d["lost"] == ["node1"] and d["previous"] == 2, d
+    assert msg.startswith("continuing at MIN: 1 of 2 nodes (was 2); node1 lost"), msg
+    assert a.run_json["elastic"]["shrunk"] is True and a.run_json["elastic"]["at_min"] is True
+    assert [x["node"] for x in a.lost()] == ["node1"], "the lone survivor names the node it lost"
