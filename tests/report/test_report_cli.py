@@ -129,3 +129,16 @@ def test_node_telemetry_comes_from_the_agents_metric_files_around_the_incident(t
     onset = 6.2  # the kill, in seconds since the start
     assert min(xs) >= onset - 60 - 1e-6 and max(xs) <= onset + 1 + 60 + 1e-6, "expected only ±60 s around the incident"
     assert len(xs) > 100
+
+
+def test_a_job_that_went_on_at_min_says_so_in_the_summary(tmp_path):
+    s = SynthRun(world=2).startup(1).steps(6, ckpt_every=3).fault(after=0.1).detect(1)
+    s.emit("launcher.world", rank=None, level="warning", msg="continuing at MIN: 1 of 2 nodes (was 2)",
+           data={"nodes": 1, "min": 1, "max": 2, "at_min": True, "previous": 2, "lost": ["n1"], "round": 1})
+    rd = s.restart(2, resume_from=6).steps(3).end(0).write(tmp_path, "min")
+    env = Environment.captured(tmp_path)
+    assert cli(["report", str(rd.path), "--no-triage"], env) == 0, env.stderr.getvalue()
+    md = (rd.report / "summary.md").read_text()
+    assert "- continued at MIN: 1 of 2 nodes (was 2)" in md and "lost: n1" in md, md[:1500]
+    assert json.loads((rd.report / "summary.json").read_text())["shrunk"][0]["at_min"] is True
+    assert "continued at MIN" in (rd.report / "index.html").read_text()
