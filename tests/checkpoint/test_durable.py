@@ -79,6 +79,21 @@ def test_a_damaged_durable_copy_is_refused_and_the_previous_one_used(tmp_path):
     assert [s for s, _ in list_committed(run / "checkpoints")] == [2], "a torn copy of step 4 was committed"
 
 
+def test_a_durable_copy_that_fails_is_a_warning_and_the_local_checkpoint_stands(tmp_path):
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("x")  # persist_dir below a regular file: every copy fails
+    run = tmp_path / "run"
+    ctx = context(run, every_steps=2, mode="async", persist_every_steps=2, persist_dir=str(blocker / "d"))
+    st = build()
+    ck = Checkpointer(ctx)
+    train_steps(st, 0, 4, ck)
+    ck.close()
+    failed = events(run, "ckpt.persist_failed")
+    assert [e.data["step"] for e in failed] == [2, 4] and all(e.level == "warning" for e in failed), failed
+    assert [e.data["step"] for e in events(run, "ckpt.saved")] == [2, 4] and not events(run, "ckpt.failed")
+    assert verify(run / "checkpoints" / "step-00000004").ok
+
+
 def test_an_unfinished_durable_copy_is_never_a_candidate(tmp_path):
     tier = DurableTier((tmp_path / "d").as_uri())
     tier.begin(6)
