@@ -7,12 +7,24 @@ as it happens: ``_monitor_workers`` returns it. ``TitanAgent`` overrides exactly
 methods, each of which calls the original and adds one thing:
 
 * ``_monitor_workers``: records each new failure as ``worker.failed`` (global and local
-  rank, pid, exit code, signal name, ``@record`` error data) the tick it is seen; turns
+  rank, pid, exit code, signal name, ``@record`` error data) the tick it is seen — after
+  letting the group exit by itself for up to ``consequence_grace_s`` when every exit seen
+  so far is a peer's communication fault (below); turns
   a worker's ``GAVE_UP``/``PREEMPTED`` exit, or an abort file (``titan.events.abort``),
   into "no restarts left" so the agent stops its workers the normal way and returns.
 * ``_restart_workers``: asks the restart policy (:mod:`titan.launch.restarts`: backoff or
   give up, decided from the run directory's events), records ``launcher.restart`` (attempt,
   reason) before delegating, and refuses to restart when an abort is pending.
+
+Why the grace: torchelastic stops the rest of the group (SIGTERM) the tick it sees the
+first non-zero exit. The rank that left first is not always the first to *exit*: a worker
+that ends with ``sys.exit(1)`` without ``destroy_process_group`` spends 1-2 s in torch's
+gloo teardown (measured here, rank 0 hosting the store; another rank aborts with SIGABRT)
+after its sockets closed, while the peer that lost it exits 10 within milliseconds. Stopped
+at once, the rank that caused the failure was recorded as ``worker.stopped`` (SIGTERM) and
+the peer's exit 10 became the attempt's root cause (4, then 2, of the 4 ``exit 1`` attempts
+in two runs of ``tests/launch/test_restart_reliability.py``'s gloo test). A consequence can
+only be recorded as one if its cause gets the time to exit.
 
 ``launch_agent`` builds ``LocalElasticAgent`` by its module-global name with no hook to
 inject a subclass, so :func:`patched_agent` swaps that one name for the duration of a
@@ -22,13 +34,16 @@ launch and restores it. No agent logic is copied.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
+import os
 import signal
 import time
 from typing import Any, Callable, Iterator
 
 from titan.exitcodes import ExitCode
 from titan.events.abort import AbortRequest, read_abort, request_abort
+from titan.launch.causes import is_comm_fault
 from titan.launch.recorder import LauncherRecorder, signal_name
 from titan.launch.restarts import POLICY_BY, RestartPolicy
 
@@ -41,7 +56,7 @@ STOP_CODES = {int(ExitCode.GAVE_UP): ExitCode.GAVE_UP, int(ExitCode.PREEMPTED): 
 
 
 def _make_agent_class(base: type, recorder: LauncherRecorder, on_abort: Callable[[AbortRequest], None],
-                      policy: RestartPolicy | None = None) -> type:
+                      policy: RestartPolicy | None = None, consequence_grace_s: float = 0.0) -> type:
     class TitanAgent(base):  # type: ignore[misc, valid-type]
         """``LocalElasticAgent`` that reports failures as they happen and honours aborts."""
 
@@ -64,7 +79,36 @@ def _make_agent_class(base: type, recorder: LauncherRecorder, on_abort: Callable
                     on_abort(req)
             return self._titan_abort
 
+        def _titan_let_group_exit(self) -> None:
+            """While every worker that exited non-zero is a communication fault (a consequence)
+            and others still run, give those up to ``consequence_grace_s`` to exit by themselves."""
+            handlers = getattr(self._pcontext, "subprocess_handlers", None)
+            if consequence_grace_s <= 0 or not handlers:
+                return
+            error_files = getattr(self._pcontext, "error_files", {}) or {}
+            deadline: float | None = None
+            while True:
+                codes = {lr: h.proc.poll() for lr, h in handlers.items()}  # reaps; torchelastic reads it back
+                failed = {lr: c for lr, c in codes.items() if c not in (None, 0)}
+                running = [lr for lr, c in codes.items() if c is None]
+                if not failed or not running or not all(
+                        is_comm_fault({"exit_code": c, "signal": signal_name(c),
+                                       "error": _error_message(_read_error_file(error_files.get(lr)))})
+                        for lr, c in failed.items()):
+                    return
+                if deadline is None:
+                    deadline = time.monotonic() + consequence_grace_s
+                elif time.monotonic() >= deadline:
+                    recorder.emit("launcher.grace_expired",
+                                  f"local rank(s) {running} still running {consequence_grace_s:g} s after their "
+                                  f"peers' communication faults; the agent stops them", level="info",
+                                  data={"local_ranks": running, "grace_s": consequence_grace_s,
+                                        "attempt": self._titan_attempt()})
+                    return
+                time.sleep(0.02)
+
         def _monitor_workers(self, worker_group: Any) -> Any:
+            self._titan_let_group_exit()
             result = super()._monitor_workers(worker_group)
             attempt = self._titan_attempt()
             if not hasattr(self, "_titan_seen"):
@@ -144,18 +188,30 @@ class _AbortRestart(Exception):
 
 @contextlib.contextmanager
 def patched_agent(recorder: LauncherRecorder, on_abort: Callable[[AbortRequest], None],
-                  policy: RestartPolicy | None = None) -> Iterator[type]:
+                  policy: RestartPolicy | None = None, consequence_grace_s: float = 0.0) -> Iterator[type]:
     """Make ``torch.distributed.launcher.api`` build a ``TitanAgent`` while inside; with
-    ``policy`` every restart after a failure is decided by it (backoff or give up)."""
+    ``policy`` every restart after a failure is decided by it (backoff or give up);
+    ``consequence_grace_s``: ``run.consequence_grace_s`` (module docstring)."""
     from torch.distributed.launcher import api
 
     original = api.LocalElasticAgent
-    cls = _make_agent_class(original, recorder, on_abort, policy)
+    cls = _make_agent_class(original, recorder, on_abort, policy, consequence_grace_s)
     api.LocalElasticAgent = cls
     try:
         yield cls
     finally:
         api.LocalElasticAgent = original
+
+
+def _read_error_file(path: str | None) -> Any:
+    """A worker's ``@record`` error file (JSON), or None when there is none (yet)."""
+    if not path or path in ("", "<N/A>", os.devnull):
+        return None
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
 
 
 def _error_message(err: Any) -> str | None:

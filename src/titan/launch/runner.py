@@ -235,7 +235,7 @@ def launch(p: Prepared, *, runs_root: Path, command: Sequence[str], base_env: Ma
     try:
         # titan.watchdog (issue 5): the hang/straggler watchdog runs beside the agent
         with cluster.serving(env), _warm_pool(p, rd, env, omp, rec), _scoped_process_state(env), \
-                patched_agent(rec, aborts.append, policy), \
+                patched_agent(rec, aborts.append, policy, settings.run.consequence_grace_s), \
                 watching(rd, p.node, settings, only_node=only_node), \
                 _node_agent(rd, p.node, settings, p.security.agent_env(env), rec), \
                 p.security.rendezvous(lambda kind, msg, data: rec.emit(kind, msg, level="error", data=data),

@@ -32,6 +32,12 @@ class RunConfig:
     #: shared with the agent (measured: 3 of 13 default runs failed; 8/8 clean with this).
     disable_shared_rdzv_store: bool = True
     start_agent: bool = True
+    #: When every worker that exited so far is a peer's communication fault (exit 10: it lost
+    #: the rank that failed), the launcher waits up to this long for the rest of the group to
+    #: exit by itself before torchelastic stops it: the rank that left first is then recorded
+    #: with its own exit code as the root cause, not as stopped (its gloo teardown takes 1-2 s
+    #: here after its sockets closed; docs/failure-model.md). 0 turns the wait off.
+    consequence_grace_s: float = dataclasses.field(default=3.0, metadata={"range": (0, 600)})
 
     def __post_init__(self) -> None:
         require(self.max_restarts >= 0, "max_restarts must be >= 0", "set run.max_restarts to 0 or more")
