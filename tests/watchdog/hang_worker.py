@@ -7,8 +7,10 @@ restarted after a hang ends with the same bits as a clean run.
 Faults: ``--inject ATTEMPT:RANK:STEP:KIND`` (repeatable; RANK may be ``node=ID``), KIND one of
 ``hook`` (asleep inside the DDP comm hook of the last bucket, before issuing it),
 ``data`` (asleep in data loading), ``spin`` (tight Python loop holding the GIL, in
-forward), ``kill`` (SIGKILL itself in data loading); ``--slow RANK`` doubles that rank's forward time (a sleep equal to its median
-forward time); ``--no-progress`` exits with a crash right after resuming (give-up tests).
+forward), ``kill`` (SIGKILL itself in data loading); ``--slow RANK`` doubles that rank's compute time
+(a sleep in forward equal to its median compute time: data + forward + optimizer, the phases the
+straggler detector compares; a sleep of the forward time alone slowed this small model's compute by
+only ~1.3x); ``--no-progress`` exits with a crash right after resuming (give-up tests).
 """
 
 from __future__ import annotations
@@ -76,11 +78,12 @@ def main() -> None:
         b.exit()
         if a.crash_after_resume:
             raise RuntimeError("injected crash right after resume")
-        fwd_times: list[float] = []
+        compute_times: list[float] = []  # data + forward + optimizer per step, without the --slow sleep
         for step in range(start + 1, a.steps + 1):
             cur["step"] = step
             ctx.step = step
             t0 = time.perf_counter()
+            slept = 0.0
             b.step_begin(step)
             with beacon.phase("data"):
                 g = torch.Generator().manual_seed(step * 1000 + ctx.rank)
@@ -93,21 +96,24 @@ def main() -> None:
                     ctx.events.emit("inject.stall", "asleep in data loading", step=step, data={"kind": "data"})
                     time.sleep(3600)
             with beacon.phase("forward"):
-                tf = time.perf_counter()
                 loss = torch.nn.functional.mse_loss(ddp(x), y)
                 if faults.get(step) == "spin":
                     ctx.events.emit("inject.stall", "spinning in forward", step=step, data={"kind": "spin"})
                     n = 0
                     while True:
                         n += 1
-                fwd_times.append(time.perf_counter() - tf)
-                if ctx.rank == a.slow and len(fwd_times) > 5:
-                    time.sleep(statistics.median(fwd_times[-20:]))
+                if ctx.rank == a.slow and len(compute_times) >= 5:
+                    ts = time.perf_counter()
+                    time.sleep(statistics.median(compute_times[-20:]))
+                    slept = time.perf_counter() - ts
+            tb = time.perf_counter()
             with beacon.phase("backward"):
                 loss.backward()
             with beacon.phase("optimizer"):
+                to = time.perf_counter()
                 opt.step()
                 opt.zero_grad(set_to_none=True)
+            compute_times.append((tb - t0) - slept + (time.perf_counter() - to))
             if a.step_sleep:
                 time.sleep(a.step_sleep)
             b.step_end(step)

@@ -93,6 +93,23 @@ def test_a_rank_twice_as_slow_is_flagged_within_50_steps(cfg):
     assert {f["rank"] for f in flags} == {2} and flags[0]["step"] <= 50 and 1.7 < flags[0]["slowdown"] < 2.3, flags
 
 
+def test_checks_fall_on_steps_not_on_polls(cfg):
+    """The watchdog polls every 0.1 s; with fast steps one poll brings tens of steps. The flag
+    must come at the same step as when the detector sees every step (the 20th step, then every
+    10th: the second slow check at step 30), not at whichever step a poll landed on."""
+    one_by_one = _feed(StragglerDetector(cfg), 2, 60, slow_rank=1)
+    assert [(f["rank"], f["step"]) for f in one_by_one] == [(1, 30), (1, 50)], one_by_one
+    for per_poll in (7, 25, 30, 60):
+        det, rng = StragglerDetector(cfg), random.Random(0)
+        for s in range(1, 61):
+            for r in range(2):
+                x = 0.010 * (1 + 0.15 * rng.random())
+                det.add(r, s, x * 2.0 if r == 1 else x)
+            if s % per_poll == 0:
+                det.check()
+        assert [(f["rank"], f["step"]) for f in det.flags] == [(1, 30), (1, 50)], (per_poll, det.flags)
+
+
 def test_two_ranks_suffice_and_noise_flags_nothing(cfg):
     assert _feed(StragglerDetector(cfg), 2, 60, slow_rank=1)[0]["rank"] == 1
     assert _feed(StragglerDetector(cfg), 4, 300) == [], "a clean run flags nothing"

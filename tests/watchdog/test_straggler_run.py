@@ -1,5 +1,6 @@
-"""A rank slowed 2x (a sleep in its forward equal to its median forward time) is flagged
-within 50 steps by the watchdog of a real run; the clean reference run flags nothing."""
+"""A rank slowed 2x (a sleep in its forward equal to its median compute time: data + forward +
+optimizer, what the straggler detector compares) is flagged within 50 steps by the watchdog of a
+real run; the clean reference run flags nothing."""
 
 from __future__ import annotations
 

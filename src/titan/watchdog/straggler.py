@@ -49,18 +49,31 @@ class StragglerDetector:
                 del d[s]
 
     def check(self) -> list[Flag]:
-        """Run a check when enough new common steps arrived; returns the flags raised now."""
+        """Run every check that new common steps allow; returns the flags raised now.
+
+        Checks fall on steps (the ``window``-th common step, then every ``window // 2``),
+        not on calls: the watchdog calls this once per poll, and with fast steps one poll
+        brings tens of new steps (a 1 ms step at 0.1 s polls: ~30). Before, one call ran one
+        check, over the newest window only, so a straggler's second check — and its flag —
+        came at whatever step the polls happened to land on (step 57 or 60 instead of 30).
+        A flag's ``step`` is the last step of the window that decided it.
+        """
         ranks = sorted(self._samples)
         if len(ranks) < 2:
             return []
-        common = set.intersection(*(set(self._samples[r]) for r in ranks))
-        if len(common) < self.window:
-            return []
-        newest = max(common)
-        if newest - self._last_check_step < max(1, self.window // 2):
-            return []
-        self._last_check_step = newest
-        steps = sorted(common)[-self.window:]
+        common = sorted(set.intersection(*(set(self._samples[r]) for r in ranks)))
+        half = max(1, self.window // 2)
+        out: list[Flag] = []
+        for i in range(self.window - 1, len(common)):
+            end = common[i]
+            if end <= self._last_check_step or (self._last_check_step and end - self._last_check_step < half):
+                continue
+            self._last_check_step = end
+            out += self._check_window(ranks, common[i - self.window + 1:i + 1])
+        self.flags.extend(out)
+        return out
+
+    def _check_window(self, ranks: list[int], steps: list[int]) -> list[Flag]:
         med = {r: statistics.median(self._samples[r][s] for s in steps) for r in ranks}
         out: list[Flag] = []
         for r in ranks:
@@ -70,8 +83,6 @@ class StragglerDetector:
             slow = pm > 0 and med[r] > pm * (1 + self.margin) and med[r] > pm + self.k * pmad
             self._slow_runs[r] = self._slow_runs[r] + 1 if slow else 0
             if slow and self._slow_runs[r] % self.persist == 0:
-                f = Flag(rank=r, slowdown=med[r] / pm, step=newest, median_s=med[r], peers_median_s=pm,
-                         window=self.window, checks=self._slow_runs[r])
-                out.append(f)
-        self.flags.extend(out)
+                out.append(Flag(rank=r, slowdown=med[r] / pm, step=steps[-1], median_s=med[r], peers_median_s=pm,
+                                window=self.window, checks=self._slow_runs[r]))
         return out
