@@ -161,3 +161,26 @@ def test_discard_snapshots_frees_both_tiers(tmp_path):
     assert tier.valid_steps() == [1, 2] and ck._snap.valid_steps() == [2]
     ck.discard_snapshots()
     assert not tier.dir.exists() and not ck._snap.dir.exists(), "discard_snapshots left tmpfs files behind"
+
+
+def test_maybe_save_marks_ckpt_step_and_only_a_disk_save_is_checkpoint(tmp_path):
+    """The per-step call is ``ckpt_step`` (learned), its snapshot ``snapshot`` (learned once
+    warm) and only the disk save ``checkpoint`` (budgeted): a rank stuck in the per-step part
+    is judged like any per-step phase (docs/hang.md), not given the 120 s save budget."""
+    from titan.beacon import Beacon, read_beacon, set_beacon
+
+    b = Beacon(tmp_path / "b.bcn", rank=0, local_rank=0, world=1, attempt=0, node="n")
+    set_beacon(b)
+    try:
+        ck = Checkpointer(_ctx(tmp_path))
+        st = build()
+        ck.restore(st)
+        train_steps(st, 0, 8, ck)  # every_steps=4: disk saves at 4 and 8; a snapshot each step
+        ck.close()
+    finally:
+        set_beacon(None)
+    ring = [p for p, _ in read_beacon(b.path).phase_ring if p in ("ckpt_step", "snapshot", "checkpoint")]
+    per_step = ["snapshot", "ckpt_step"]
+    save_step = ["checkpoint", "snapshot", "ckpt_step"]
+    want = per_step * 3 + save_step + per_step * 3 + save_step + ["checkpoint"]  # + close()'s wait
+    assert ring == want, ring

@@ -31,6 +31,22 @@ def test_timeout_is_warmup_then_floor_then_factor_times_p99(cfg):
     assert t.timeout("setup") == (cfg.init_budget_s, "budget")
 
 
+def test_per_step_checkpoint_phases_are_learned_only_a_disk_save_has_the_budget(cfg):
+    """``ckpt_step`` (every maybe_save call) is learned like any phase; ``snapshot`` keeps the
+    checkpoint budget until warm (its first copy allocates the tier), then is learned;
+    ``checkpoint`` (a disk save) always has the budget."""
+    t = PhaseTimeouts(cfg)
+    assert t.timeout("snapshot")[0] == cfg.checkpoint_budget_s and "budget" in t.timeout("snapshot")[1]
+    for _ in range(cfg.warmup_samples):
+        t.observe_step(0.5)
+        t.observe("ckpt_step", 0.05)
+        t.observe("snapshot", 0.02)
+        t.observe("checkpoint", 0.02)
+    assert t.timeout("snapshot") == (cfg.floor_s, f"p99 of {cfg.warmup_samples} snapshot")
+    assert t.timeout("ckpt_step") == (cfg.floor_s, f"p99 of {cfg.warmup_samples} ckpt_step")
+    assert t.timeout("checkpoint") == (cfg.checkpoint_budget_s, "budget")
+
+
 def test_unlearned_phase_falls_back_to_step_statistics(cfg):
     t = PhaseTimeouts(cfg)
     for _ in range(cfg.warmup_samples):

@@ -187,9 +187,13 @@ class Checkpointer:
         Cost per call: one 3-integer all-reduce (world > 1), one memcpy of the state when a
         per-step snapshot is due; on a save step the staging copy (async) or the whole write
         (sync). Returns whether a disk save started.
-        The call is phase ``checkpoint`` on the progress beacon (its own budget: never taken
-        for a hang). After a rollback to step r (``rollback``), calls for other steps than r+1
-        are stale (the loop's step of the discarded state) and do nothing.
+        On the progress beacon the call is phase ``ckpt_step`` (learned, like every phase run
+        each step), a disk save inside it ``checkpoint`` (its own budget: a save may take
+        minutes) and the per-step snapshot ``snapshot`` (learned once it has samples). Before,
+        the whole call was ``checkpoint``: a rank stuck in it — e.g. stopped during its per-step
+        snapshot — was not taken for hung before ``checkpoint_budget_s`` (120 s).
+        After a rollback to step r (``rollback``), calls for other steps than r+1 are stale
+        (the loop's step of the discarded state) and do nothing.
         """
         if self._rolled_back_to is not None:
             if step != self._rolled_back_to + 1:
@@ -197,10 +201,12 @@ class Checkpointer:
             self._rolled_back_to = None
         from titan.beacon import phase
 
-        with phase("checkpoint"):
+        with phase("ckpt_step"):
             return self._maybe_save(step, app_state)
 
     def _maybe_save(self, step: int, app_state: Mapping[str, Any]) -> bool:
+        from titan.beacon import phase
+
         self._setup_groups()
         self.ctx.step = step
         self._last_state, self._last_step = app_state, step
@@ -210,13 +216,16 @@ class Checkpointer:
         preempt, due_any, _ = self._all_max([int(self._preempt.is_set()), int(due), int(running)])
         self._reap()
         if preempt:
-            self._preemption_exit(step, app_state)
+            with phase("checkpoint"):
+                self._preemption_exit(step, app_state)
         saved = False
         if due_any:
-            saved = self.save(step, app_state, blocking=self.cfg.mode == "sync")
+            with phase("checkpoint"):
+                saved = self.save(step, app_state, blocking=self.cfg.mode == "sync")
         snap_every = self.cfg.snapshot_every_steps
         if snap_every and step % snap_every == 0:
-            self.step_snapshot(step, app_state)
+            with phase("snapshot"):
+                self.step_snapshot(step, app_state)
         return saved
 
     def save(self, step: int, app_state: Mapping[str, Any], *, blocking: bool = True) -> bool:

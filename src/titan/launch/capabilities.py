@@ -26,7 +26,7 @@ __all__ = ["Capability", "CapabilityWatch", "assess", "rank_ranges"]
 log = logging.getLogger(__name__)
 
 #: The phases the step guard and the checkpointer mark (what a wired loop shows).
-WIRED_PHASES = ("data", "forward", "backward", "comm", "optimizer", "checkpoint")
+WIRED_PHASES = ("data", "forward", "backward", "comm", "optimizer", "ckpt_step", "snapshot", "checkpoint")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -7,7 +7,9 @@ statistics stand in (any phase is shorter than the step that contains it), and b
 model that gets slower as sequences grow, a shared machine that gets busier).
 Phases with their own budget (``checkpoint``, ``restore``, ``init``, ``setup`` — the time
 before a worker's first step) are not learned; ``idle`` (time outside any marked phase) is
-learned but never tighter than ``idle_timeout_s``.
+learned but never tighter than ``idle_timeout_s``. ``snapshot`` (the per-step in-memory tier)
+is learned, with the checkpoint budget until it has ``warmup_samples`` durations: its first
+copy allocates the tier and can outlast the steps around it.
 """
 
 from __future__ import annotations
@@ -24,6 +26,9 @@ BUDGET_PHASES = {"checkpoint": "checkpoint_budget_s", "restore": "checkpoint_bud
                  # a drill's rank waiting at its fault's gate while the driver prepares it
                  "gate": "checkpoint_budget_s"}
 
+
+#: Phases learned like any other once warm, with a budget (not the step statistics) before.
+WARMUP_BUDGET_PHASES = {"snapshot": "checkpoint_budget_s"}
 
 #: Used only for a ``WatchdogConfig`` built outside ``Settings`` (auto values unresolved).
 _UNRESOLVED_S = 120.0
@@ -84,6 +89,9 @@ class PhaseTimeouts:
         n = self.samples(phase)
         if n >= c.warmup_samples:
             return min(ceiling, max(c.floor_s, c.factor * self.p(phase))), f"p{c.percentile:g} of {n} {phase}"
+        if phase in WARMUP_BUDGET_PHASES:
+            v = getattr(c, WARMUP_BUDGET_PHASES[phase])
+            return float(v if v is not None else _UNRESOLVED_S), f"budget until {c.warmup_samples} {phase} samples"
         if len(self._steps) >= c.warmup_samples:
             return min(ceiling, max(c.floor_s, c.factor * self.step_p())), f"p{c.percentile:g} of {len(self._steps)} steps"
         return min(ceiling, c.warmup_timeout_s), "warm-up"
