@@ -151,3 +151,39 @@ def test_a_plain_torchrun_script_succeeds_and_is_told_what_it_did_not_get(tmp_pa
     assert "nothing was guarded, checkpointed or watched" in final[0], final[0]
     meta = json.loads((tmp_path / "runs" / "plain" / "run.json").read_text())
     assert meta["worker_context"] is False and meta["steps_reported"] == 0, meta
+
+
+# Rank 0 leaves the group first but takes a second to exit (as a gloo worker does in torch's
+# teardown after sys.exit(1)); rank 1 notices at once and exits 10 (WORKER_COMM_FAULT).
+SLOW_EXIT = '''
+import os, sys, time
+from pathlib import Path
+mark = Path(os.environ["MARK"])
+if os.environ["RANK"] == "0":
+    mark.write_text("leaving")
+    time.sleep(1.0)
+    sys.exit(1)
+while not mark.exists():
+    time.sleep(0.01)
+sys.exit(10)
+'''
+
+
+@pytest.mark.timeout(120)
+def test_the_rank_that_left_first_is_the_root_cause_even_when_its_peer_exits_first(tmp_path):
+    """While every exit seen is a peer's communication fault, the launcher lets the rest of the
+    group exit by itself (``run.consequence_grace_s``) instead of stopping it: rank 0's own
+    exit 1 is the root cause, rank 1's exit 10 its consequence. (With
+    ``TITAN_RUN_CONSEQUENCE_GRACE_S=0`` the agent stops rank 0 and the only failure recorded
+    is rank 1's exit 10, as the root cause: this test fails.)"""
+    script = tmp_path / "slow_exit.py"
+    script.write_text(SLOW_EXIT)
+    env = {**os.environ, "MARK": str(tmp_path / "mark")}
+    p = subprocess.run([str(TITAN), "run", "--nproc-per-node", "2", "--max-restarts", "0", "--no-agent",
+                        "--runs-dir", str(tmp_path / "runs"), "--run-id", "slow", "--", str(script)],
+                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=110, start_new_session=True)
+    assert p.returncode != 0, p.stderr[-2000:]
+    meta = json.loads((tmp_path / "runs" / "slow" / "run.json").read_text())
+    seen = [(f["global_rank"], f["exit_code"], f["role"]) for f in meta["failures"]]
+    assert sorted(seen) == [(0, 1, "root_cause"), (1, 10, "consequence")], seen
+    assert meta["failures"][[f["global_rank"] for f in meta["failures"]].index(1)]["caused_by"] == 0, meta["failures"]
