@@ -56,12 +56,15 @@ def test_a_node_over_its_strike_limit_is_replaced_by_the_spare_and_every_ledger_
         c.start(2, "sp", "2:2", _script(out), nproc=1, sets=sets(2))  # the spare: the round is full
         # A hot spare: it is at the rendezvous (torch keeps it on the redundancy list) before
         # anything fails; the running pair keeps training meanwhile.
-        while time.monotonic() < end and not any(e["kind"] == "launcher.ledger" and e.get("node") == "node2"
-                                                 and e["data"].get("when") == "before join" for e in c.events("sp")):
+        joining: list[dict] = []
+        while time.monotonic() < end and not joining:
+            joining = [e for e in c.events("sp") if e["kind"] == "launcher.ledger" and e.get("node") == "node2"
+                       and e["data"].get("when") == "before join"]
             assert c.procs[2].poll() is None, c.console()
             time.sleep(0.3)
+        assert joining, "the spare never reached the rendezvous:\n" + c.console()
+        t_spare = joining[0]["t"]  # the spare's own record of going to the rendezvous
         time.sleep(5)
-        t_spare = time.time()
         victim = None
         while time.monotonic() < end and victim is None:
             evs = c.events("sp")
@@ -81,8 +84,12 @@ def test_a_node_over_its_strike_limit_is_replaced_by_the_spare_and_every_ledger_
         assert excluded, "node1 was never excluded:\n" + c.console()
         spare_steps = [e for e in evs if e["kind"] == "step" and e["node"] == "node2" and e["t"] < t_kill]
         assert not spare_steps, "the spare trained before a node left: the group was larger than MAX"
+        # While the spare waits (from its join until the kill), the pair steps on, and nothing
+        # restarts it (the spare is on the redundancy list, not a membership change).
         before = [e for e in evs if e["kind"] == "step" and t_spare <= e["t"] < t_kill]
         assert before, "the pair did not keep training while the spare waited"
+        restarts = [e for e in evs if e["kind"] == "launcher.restart" and t_spare <= e["t"] < t_kill]
+        assert not restarts, f"the spare's arrival restarted the pair: {restarts}"
         after = [e for e in evs if e["kind"] == "step" and e["t"] > t_kill]
         assert {e["node"] for e in after} == {"node0", "node2"}, sorted({e["node"] for e in after})
         assert max(e["step"] for e in after if e["node"] == "node2") == STEPS, "the spare did not finish the job"
