@@ -120,8 +120,7 @@ def calibrate(cfg: "PlanDrill", *, cwd: Path, env: dict[str, str], steps: int = 
     job_cfg = dataclasses.replace(cfg, plan=Plan([], name="calibration"), steps=steps, nodes=1)
     e = {k: v for k, v in env.items() if k != "TITAN_CHAOS_PLAN"}
     with open(rd.path / "console.log", "ab") as fh:
-        job = start_job(job_cfg, rd, rd.path / "final.pt", e, None,
-                        [f"watchdog.ledger_path={rd.path / 'ledger.sqlite'}"], cwd, fh)
+        job = start_job(job_cfg, rd, e, None, [f"watchdog.ledger_path={rd.path / 'ledger.sqlite'}"], cwd, fh)
         try:
             job.procs[0].wait(max(120.0, steps * 2.0))
         except subprocess.TimeoutExpired:
