@@ -142,3 +142,23 @@ def test_meta_rsc_ettr_against_the_checkpoint_interval_is_reproduced_within_ten_
     assert code == 0, env.stderr.getvalue()
     got = json.loads(env.stdout.getvalue())["expected_goodput"]
     assert abs(got - paper) / paper <= 0.10, f"ETTR at {interval_s} s: paper ~{paper}, titan plan {got:.3f}"
+
+
+def test_measured_stall_is_per_checkpoint_when_the_ranks_stall_at_different_times(tmp_path):
+    """The model charges the stall once per checkpoint interval, so the measured cost is the
+    run's stall time over its saves — not the mean of the stall segments, of which one save
+    has several when its ranks stall at offset times (a real soak: 2 per save, half the cost)."""
+    import dataclasses
+
+    from titan.sla import account_run
+    from titan.sla.measured import measured_costs
+    from titan.sla.synthetic import SynthRun
+
+    s = SynthRun(world=2).startup(2).steps(6, ckpt_every=3, stall=0.5).end(0)
+    # rank 1 saves 0.7 s after rank 0: its 0.5 s stall no longer overlaps rank 0's
+    s.events = [dataclasses.replace(e, t=e.t + 0.7) if e.kind == "ckpt.saved" and e.rank == 1 else e
+                for e in s.events]
+    acc = account_run(s.write(tmp_path).path)
+    assert [round(b - a, 3) for a, b, lab in acc.segments if lab == "ckpt_stall"] == [0.5] * 4, acc.segments
+    m = measured_costs(acc)
+    assert m["ckpt_stall_samples"] == 2 and m["ckpt_stall_s"] == pytest.approx(1.0, abs=1e-6), m

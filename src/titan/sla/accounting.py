@@ -69,7 +69,8 @@ class Accounting:
     overhead: dict[str, Any]
     step_time_sum_kept_s: float
     #: event counts: ``restarts`` (launcher.restart), ``worker_failures`` (worker.failed),
-    #: ``submissions`` (launcher.started per node)
+    #: ``submissions`` (launcher.started per node), ``checkpoints`` (saves: distinct
+    #: (attempt, step) of ckpt.saved, whatever the number of ranks)
     counts: dict[str, int] = dataclasses.field(default_factory=dict)
 
     @property
@@ -335,7 +336,9 @@ def account(events: Sequence[Event], run_json: Mapping[str, Any] | None = None, 
         step_time_sum_kept_s=sum(e.dur for e in execs if e.label == KEPT),
         counts={"restarts": sum(1 for ev in core if ev.kind == "launcher.restart"),
                 "worker_failures": sum(1 for ev in core if ev.kind == "worker.failed"),
-                "submissions": sum(1 for ev in core if ev.kind == "launcher.started")},
+                "submissions": sum(1 for ev in core if ev.kind == "launcher.started"),
+                "checkpoints": len({(event_attempt(ev), ev.data.get("step", ev.step)) for ev in core
+                                    if ev.kind == "ckpt.saved"})},
     )
 
 
