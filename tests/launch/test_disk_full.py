@@ -88,3 +88,52 @@ def test_a_full_disk_is_one_classified_line_and_the_run_directory_stays_readable
     assert rep.returncode == 0 and "Traceback" not in rep.stderr, rep.stderr[-1500:]
     assert (tmp_path / "elsewhere" / "full" / "index.html").is_file(), list((tmp_path / "elsewhere").rglob("*"))
     assert not list((rd / "report").glob(".*tmp*")), "a failed write left a temporary file in the run directory"
+
+
+def test_a_disk_that_went_full_and_was_freed_again_is_still_said(tmp_path, small_disk):
+    """A failed save removes its partial files and retention deletes old checkpoints: the disk
+    is no longer full at the end, yet it was (CI regression: the final line said SUCCEEDED and
+    nothing else). The watch keeps the lowest reading; the conclusion says both."""
+    from titan.events import RunDir
+    from titan.exitcodes import ExitCode
+    from titan.launch.conclude import conclude
+    from titan.launch.diskspace import DiskWatch, disk_state
+
+    rd = RunDir.create(small_disk / "runs", run_id="freed")
+    started = time.time()
+    with DiskWatch(rd.path, interval_s=0.05) as w:
+        _fill(small_disk)
+        deadline = time.monotonic() + 10
+        while w.full_since is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        (small_disk / "filler").unlink()
+    end = disk_state(rd.path)
+    assert end["full"] is False, end  # the premise: free again at the end
+    disk = w.merge(end)
+    assert disk["full"] is True and disk["full_at_end"] is False and disk["lowest_free_bytes"] < (1 << 20), disk
+    c = conclude(ExitCode.SUCCEEDED, rd, "n0", started, [], None, disk)
+    line = c.final_line(0)
+    assert "disk full" in line and "went full during the run" in line, line
+    # Without the watch's reading, the end state alone says nothing (what the launcher said before).
+    assert "disk full" not in conclude(ExitCode.SUCCEEDED, rd, "n0", started, [], None, end).final_line(0)
+
+
+def test_a_save_refused_for_lack_of_space_makes_the_disk_full_in_the_conclusion(tmp_path):
+    from titan.events import RunDir
+    from titan.exitcodes import ExitCode
+    from titan.launch.conclude import conclude
+    from titan.launch.diskspace import disk_state
+
+    rd = RunDir.create(tmp_path / "runs", run_id="refused")
+    started = time.time()
+    from titan.events import EventWriter  # the workers' own writer, as in a run
+
+    w = EventWriter(rd.event_file("n0", 0, 0, os.getpid()), run=rd.run_id, node="n0", rank=0, attempt=0)
+    w.emit("ckpt.failed", "checkpoint step 25 failed: disk_full", level="error", step=25,
+           data={"step": 25, "kind": "disk_full"})
+    w.emit("ckpt.failed", "checkpoint step 30 failed: io_error", level="error", step=30,
+           data={"step": 30, "kind": "io_error"})
+    w.close()
+    c = conclude(ExitCode.SUCCEEDED, rd, "n0", started, [], None, disk_state(rd.path))
+    assert c.disk is not None and c.disk["full"] is True and c.disk["saves_refused"] == 1, c.disk
+    assert "1 checkpoint save(s) failed for lack of space (steps 25..25)" in c.final_line(0), c.final_line(0)

@@ -60,10 +60,19 @@ def conclude(code: ExitCode, rd: RunDir, node: str, started_at: float, failures:
     roots, cons = count_roles(classified)
     evs = node_worker_events(rd, node, started_at)  # read once, for the facts and the preemption check
     facts = launch_facts(rd, node, started_at, evs)
+    refused = sorted({int(ev.data.get("step", ev.step or 0)) for ev in evs
+                      if ev.kind == "ckpt.failed" and ev.data.get("kind") == "disk_full"})
+    if refused and disk is not None:
+        disk = {**disk, "full": True, "saves_refused": len(refused)}
     if disk and disk.get("full"):
+        free = int(disk.get("free_bytes", 0)) >> 10
+        when = ("has" if disk.get("full_at_end", True) else
+                f"went full during the run (lowest {int(disk.get('lowest_free_bytes', 0)) >> 10} KiB free) and has")
+        saves = (f"; {len(refused)} checkpoint save(s) failed for lack of space (steps {refused[0]}.."
+                 f"{refused[-1]})" if refused else "")
         facts = dataclasses.replace(facts, notes=(*facts.notes, (
-            f"disk full: the run directory's file system has {int(disk.get('free_bytes', 0)) >> 10} KiB free "
-            f"({disk.get('path')}); events, logs and checkpoints written while it was full are lost")))
+            f"disk full: the run directory's file system {when} {free} KiB free "
+            f"({disk.get('path')}){saves}; events, logs and checkpoints written while it was full are lost")))
     reason = str(abort.get("reason")) if abort and abort.get("reason") else None
     pre = None
     if code == ExitCode.PREEMPTED:

@@ -23,7 +23,7 @@ from titan.events import RunDir, default_node_id
 from titan.exitcodes import ExitCode
 from titan.events.abort import AbortRequest, abort_file
 from titan.launch.conclude import Conclusion, conclude
-from titan.launch.diskspace import Reserve, disk_state, is_disk_full
+from titan.launch.diskspace import DiskWatch, Reserve, disk_state, is_disk_full
 from titan.launch.cluster import ClusterRefused, ClusterServices
 from titan.launch.agent import STOP_CODES, _AbortRestart, _error_message, patched_agent
 from titan.launch.options import Entrypoint, LaunchOptions, parse_torchrun, rdzv_conf, torchrun_argv
@@ -215,6 +215,7 @@ def launch(p: Prepared, *, runs_root: Path, command: Sequence[str], base_env: Ma
         "started_at": started, "status": "running",
     })
     reserve = Reserve(rd.path)  # room for the final run.json and launcher.finished on a full disk
+    diskwatch = DiskWatch(rd.path)  # a disk that went full and was freed again is still said
     rec = LauncherRecorder(rd, p.node)
     rec.emit("launcher.started", f"titan run: {p.entry.describe()}", data={
         "nproc_per_node": nproc, "nnodes": p.opts.nnodes, "max_restarts": settings.run.max_restarts,
@@ -234,7 +235,7 @@ def launch(p: Prepared, *, runs_root: Path, command: Sequence[str], base_env: Ma
     install_elastic_handler(rec)
     try:
         # titan.watchdog (issue 5): the hang/straggler watchdog runs beside the agent
-        with cluster.serving(env), _warm_pool(p, rd, env, omp, rec), _scoped_process_state(env), \
+        with diskwatch, cluster.serving(env), _warm_pool(p, rd, env, omp, rec), _scoped_process_state(env), \
                 patched_agent(rec, aborts.append, policy, settings.run.consequence_grace_s), \
                 watching(rd, p.node, settings, only_node=only_node), \
                 _node_agent(rd, p.node, settings, p.security.agent_env(env), rec), \
@@ -271,7 +272,7 @@ def launch(p: Prepared, *, runs_root: Path, command: Sequence[str], base_env: Ma
         rec.emit("launcher.snapshots_freed", "in-memory snapshots of this run removed from "
                  f"{settings.checkpoint.snapshot_dir}")
     abort = dict(aborts[0]) if aborts else None
-    disk = disk_state(rd.path)
+    disk = diskwatch.merge(disk_state(rd.path))
     reserve.release()  # the final writes below fit even when the workers filled the disk
     end = conclude(code, rd, p.node, started, rec.failures, abort, disk)  # exit 9 only with the save on disk; causes
     code = end.exit_code
