@@ -83,3 +83,53 @@ def test_outcomes_name_the_detector_the_latency_and_why_a_flip_went_unseen():
     s = summarize(o)
     assert s["overall"] == {"flips": 2, "detected": 1, "rate": 0.5} and s["not_injected"] == 1
     assert s["by_kind"]["param"]["rate"] == 1.0 and s["latency_steps"]["median"] == 50 - a.step
+
+
+def test_bf16_flips_use_bf16_bits_and_the_plan_carries_the_dtype():
+    """bf16 is 1 sign, 8 exponent, 7 mantissa bits: a flip drawn for it stays inside 16 bits,
+    its class is bf16's, and the plan tells the worker which dtype it expects."""
+    flips = random_flips(60, every=50, seed=3, dtype=torch.bfloat16)
+    assert all(f.dtype == "bfloat16" and 0 <= f.bit < 16 and bit_class(f.bit, "bfloat16") == f.bit_class
+               for f in flips)
+    assert {f.bit_class for f in flips} == set(BIT_CLASSES)
+    assert {f.bit for f in flips if f.bit_class == "exponent"} <= set(range(7, 15))
+    assert [p.get("dtype") for p in flip_plan(flips[:2]).faults] == ["bfloat16", "bfloat16"]
+    with pytest.raises(ValueError):  # bit 20 is no bf16 bit; bit 14 is bf16's exponent, not mantissa
+        FlipSpec(step=3, rank=0, kind="param", tensor="*", index=-1, bit=20, bit_class="mantissa", dtype="bfloat16")
+    with pytest.raises(ValueError):
+        FlipSpec(step=3, rank=0, kind="param", tensor="*", index=-1, bit=14, bit_class="mantissa", dtype="bfloat16")
+    t = torch.tensor([1.5, 0.25], dtype=torch.bfloat16)
+    f = flip_bit(t, 0, 15)
+    assert (f.before, f.after) == (1.5, -1.5) and f.before_bits ^ f.after_bits == 1 << 15
+    assert math.isnan(flip_bit(t, 0, 14).after)  # 1.5's exponent 127 -> 255 with a mantissa: NaN, as in fp32
+
+
+def test_outcomes_class_a_bit_by_the_dtype_the_worker_found():
+    (spec,) = [FlipSpec(step=17, rank=1, kind="param", tensor="w", index=3, bit=14, bit_class="exponent",
+                        dtype="bfloat16")]
+    evs = [_ev("inject.bitflip", 1.0, 17, rank=1, tensor="param.w", index=3, before=0.5, after=1e38,
+               dtype="bfloat16"), _ev("sdc.mismatch", 3.0, 50)]
+    (o,) = flip_outcomes(flip_plan([spec]), evs, every=50)
+    assert o.dtype == "bfloat16" and o.bit_class == "exponent" and o.detected, o  # in fp32 bit 14 is mantissa
+
+
+def test_the_worker_refuses_a_flip_planned_for_another_dtype(tmp_path):
+    """A bf16 flip must not land in an fp32 tensor (its bit would be counted in the wrong class)."""
+    from titan.chaos.plan import Plan
+    from titan.chaos.worker import WorkerFaults
+    from titan.events import RunDir, read_run
+    from titan.worker import WorkerContext
+
+    rd = RunDir.create(tmp_path / "runs", "r")
+    ctx = WorkerContext.from_env(run_dir=rd.path, env={"RANK": "0", "TITAN_NODE_ID": "n0"})
+    model = torch.nn.Linear(2, 1)
+    plan = Plan().bitflip(rank=0, step=1, target="param", tensor="weight", index=0, bit=14, dtype="bfloat16")
+    env = {"TITAN_CHAOS_PLAN": str(plan.save(tmp_path / "plan.json"))}
+    before = model.weight.detach().clone()
+    with pytest.raises(ValueError, match="planned for bfloat16"):
+        WorkerFaults.from_env(ctx, env).after_step(1, model, None)
+    assert torch.equal(model.weight, before)
+    model.to(torch.bfloat16)
+    WorkerFaults.from_env(ctx, env).after_step(1, model, None)
+    (ev,) = [e for e in read_run(rd.path).events if e.kind == "inject.bitflip"]
+    assert ev.data["dtype"] == "bfloat16" and ev.data["before_bits"] ^ ev.data["after_bits"] == 1 << 14

@@ -2,12 +2,15 @@
 
 One flip is a :class:`FlipSpec` — which tensor kind (a parameter, its local gradient before
 the all-reduce, or an optimizer-state tensor such as AdamW's ``exp_avg``/``exp_avg_sq``),
-which element, which bit (by class: ``sign``, ``exponent``, ``mantissa`` of the dtype), on
-which rank, after which optimizer step. The harness
+which element, which bit (by class: ``sign``, ``exponent``, ``mantissa`` of the dtype —
+fp32's 1/8/23 bits or bf16's 1/8/7, :data:`DTYPES`), on which rank, after which optimizer
+step. The harness
 
 * draws flips at random (:func:`random_flips`): one per SDC check interval, at a random step
   strictly **between** two checks (never on a checked step), bit class and tensor kind drawn
-  uniformly, element and bit uniformly within them;
+  uniformly, element and bit uniformly within them, bits in the layout of the state's dtype
+  (``dtype=torch.bfloat16`` for a bf16 run: the worker refuses a flip whose tensor holds
+  another dtype, so a bit is never counted in the wrong class);
 * turns them into a drill plan (:func:`flip_plan`): ``bitflip`` faults the ranks apply
   themselves (``titan.chaos.worker``), once per job, as silent hardware would;
 * flips one bit in place (:func:`flip_bit`, also used by the workers) and reports the value
@@ -35,25 +38,38 @@ import torch
 from titan.chaos.plan import Plan
 from titan.events import Event
 
-__all__ = ["BIT_CLASSES", "TENSOR_KINDS", "Flip", "FlipSpec", "FlipOutcome", "FlipRun", "bit_range", "bit_class",
-           "flip_bit", "pick_element", "random_flips", "flip_plan", "flip_outcomes", "summarize", "run_flips"]
+__all__ = ["BIT_CLASSES", "DTYPES", "TENSOR_KINDS", "Flip", "FlipSpec", "FlipOutcome", "FlipRun", "bit_range", "bit_class",
+           "dtype_name", "flip_bit", "pick_element", "random_flips", "flip_plan", "flip_outcomes", "summarize", "run_flips"]
 
 BIT_CLASSES = ("sign", "exponent", "mantissa")
 #: ``grad`` is the rank's local gradient before the all-reduce; the rest are AdamW state keys.
 TENSOR_KINDS = ("param", "grad", "exp_avg", "exp_avg_sq")
 #: (exponent bits, mantissa bits) per floating dtype width / kind.
 _LAYOUT = {torch.float32: (8, 23), torch.float64: (11, 52), torch.float16: (5, 10), torch.bfloat16: (8, 7)}
+#: The dtypes a flip can name, by the name plans and events carry (``str(dtype)`` without ``torch.``).
+DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
+                                  "float64": torch.float64}
 #: Events that count as catching a flip, and the component each belongs to.
 DETECTORS = {"sdc.mismatch": "sdc", "sdc.canary": "sdc", "guard.nonfinite": "guard", "guard.spike": "guard"}
 
 
-def bit_range(cls: str, dtype: torch.dtype = torch.float32) -> range:
+def dtype_name(dtype: torch.dtype | str) -> str:
+    """``torch.bfloat16`` (or ``"bfloat16"``, ``"bf16"``) → ``"bfloat16"``; ``ValueError`` for a
+    dtype the harness has no bit layout for."""
+    name = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "fp64": "float64"}.get(str(dtype), str(dtype))
+    name = name.removeprefix("torch.")
+    if name not in DTYPES:
+        raise ValueError(f"no bit layout for dtype {dtype!r}: one of {', '.join(DTYPES)}")
+    return name
+
+
+def bit_range(cls: str, dtype: torch.dtype | str = torch.float32) -> range:
     """Bit positions of class ``cls`` (``sign``/``exponent``/``mantissa``) in ``dtype``."""
-    e, m = _LAYOUT[dtype]
+    e, m = _LAYOUT[DTYPES[dtype_name(dtype)]]
     return {"sign": range(e + m, e + m + 1), "exponent": range(m, m + e), "mantissa": range(0, m)}[cls]
 
 
-def bit_class(bit: int, dtype: torch.dtype = torch.float32) -> str:
+def bit_class(bit: int, dtype: torch.dtype | str = torch.float32) -> str:
     """The class of bit position ``bit`` in ``dtype``."""
     return next(c for c in BIT_CLASSES if bit in bit_range(c, dtype))
 
@@ -101,12 +117,16 @@ class FlipSpec:
     bit: int
     bit_class: str
     seed: int = 0  # draws the element inside the rank when tensor is "*" / index is -1
+    dtype: str = "float32"  # the dtype of the state flipped: sets the bit layout (DTYPES)
 
     def __post_init__(self) -> None:
         if self.kind not in TENSOR_KINDS:
             raise ValueError(f"tensor kind {self.kind!r} is not one of {', '.join(TENSOR_KINDS)}")
         if self.bit_class not in BIT_CLASSES:
             raise ValueError(f"bit class {self.bit_class!r} is not one of {', '.join(BIT_CLASSES)}")
+        width = sum(_LAYOUT[DTYPES[dtype_name(self.dtype)]]) + 1
+        if not 0 <= self.bit < width or bit_class(self.bit, self.dtype) != self.bit_class:
+            raise ValueError(f"bit {self.bit} is not a {self.bit_class} bit of {self.dtype} ({width} bits)")
 
 
 def random_flips(n: int, *, every: int, params: Mapping[str, int] | None = None, ranks: int = 2, seed: int = 0,
@@ -115,10 +135,12 @@ def random_flips(n: int, *, every: int, params: Mapping[str, int] | None = None,
     """``n`` random flips, one per SDC check interval of ``every`` steps starting at interval
     ``first_interval``: flip ``i`` lands after a random step strictly between the checks at
     ``(first_interval+i)·every`` and the next one. ``params``: parameter name → element count;
-    without it the element is drawn inside the rank at injection (``tensor="*"``, ``index=-1``)."""
+    without it the element is drawn inside the rank at injection (``tensor="*"``, ``index=-1``).
+    ``dtype``: the dtype of the trained state (the bit layout the classes are drawn in)."""
     if every < 2:
         raise ValueError("flips between checks need every >= 2")
     rng = random.Random(seed)
+    dname = dtype_name(dtype)
     names = sorted(params or {})
     weights = [(params or {})[n] for n in names]  # a random element, as a hardware fault hits one
     out = []
@@ -133,17 +155,17 @@ def random_flips(n: int, *, every: int, params: Mapping[str, int] | None = None,
         cls = rng.choice(list(classes))
         out.append(FlipSpec(step=step, rank=rng.randrange(ranks), kind=rng.choice(list(kinds)), tensor=name,
                             index=index, bit=rng.choice(list(bit_range(cls, dtype))), bit_class=cls,
-                            seed=rng.randrange(1 << 30)))
+                            seed=rng.randrange(1 << 30), dtype=dname))
     return out
 
 
 def flip_plan(flips: Iterable[FlipSpec], name: str = "flips") -> Plan:
     """A drill plan of ``bitflip`` faults, one per flip (optimizer-state flips need the state
-    to exist: place them after step 1)."""
+    to exist: place them after step 1); each names its dtype, which the worker checks."""
     plan = Plan(name=name)
     for f in flips:
         plan.add("bitflip", rank=f.rank, step=f.step, target=f.kind, tensor=f.tensor, index=f.index, bit=f.bit,
-                 seed=f.seed)
+                 seed=f.seed, dtype=f.dtype)
     return plan
 
 
@@ -168,6 +190,7 @@ class FlipOutcome:
     bit: int
     bit_class: str
     injected: bool
+    dtype: str = "float32"
     before: float | None = None
     after: float | None = None
     detected: bool = False
@@ -203,14 +226,18 @@ def flip_outcomes(plan: Plan, events: Sequence[Event], *, every: int) -> list[Fl
     out: list[FlipOutcome] = []
     for f in flips:
         bit = int(f.get("bit"))
+        dt = str(f.get("dtype") or "float32")
         o = FlipOutcome(step=f.step, rank=int(f.rank or 0), kind=str(f.get("target")), tensor=str(f.get("tensor")),
-                        index=int(f.get("index")), bit=bit, bit_class=bit_class(bit), injected=False)
+                        index=int(f.get("index")), bit=bit, bit_class=bit_class(bit, dt), injected=False, dtype=dt)
         inj = next((e for e in injs if e.step == f.step and e.data.get("rank") == f.rank), None)
         if inj is None:
             o.why_not = "not injected"
             out.append(o)
             continue
         o.injected = True
+        if inj.data.get("dtype"):  # what the worker found in the tensor it flipped
+            o.dtype = dtype_name(str(inj.data["dtype"]))
+            o.bit_class = bit_class(bit, o.dtype)
         o.tensor, o.index = str(inj.data.get("tensor", o.tensor)), int(inj.data.get("index", o.index))
         o.before, o.after = _num(inj.data.get("before")), _num(inj.data.get("after"))
         nxt = min((e.t for e in injs if e.t > inj.t + 1e-6), default=math.inf)
@@ -294,7 +321,9 @@ def run_flips(flips: Sequence[FlipSpec], *, every: int = 50, cwd: Any, runs_dir:
               nproc: int = 2, ckpt_every: int = 50, timeout_s: float = 1800.0, seed: int = 0,
               workload_args: Sequence[str] = ()) -> FlipRun:
     """Train tinygpt under ``titan run`` (the drill engine, no reference run) with SDC at
-    ``every`` steps and the given flips, and read every flip's outcome back.
+    ``every`` steps and the given flips, and read every flip's outcome back. Flips drawn for
+    bf16 (``FlipSpec.dtype``) train tinygpt with bf16 parameters (``--dtype bf16``: its
+    gradients and AdamW moments are bf16 too); all flips of one run share one dtype.
 
     Checkpoints every ``ckpt_every`` (a multiple of ``every``) are taken right after an SDC
     round, so a restart never loads unverified state; the guard's escalation only rolls
@@ -307,6 +336,13 @@ def run_flips(flips: Sequence[FlipSpec], *, every: int = 50, cwd: Any, runs_dir:
 
     if ckpt_every % every:
         raise ValueError(f"ckpt_every {ckpt_every} must be a multiple of the SDC interval {every}")
+    dtypes = {dtype_name(f.dtype) for f in flips}
+    if len(dtypes) > 1:
+        raise ValueError(f"one run trains in one dtype; the flips name {', '.join(sorted(dtypes))}")
+    if dtypes == {"bfloat16"}:
+        workload_args = ("--dtype", "bf16", *workload_args)
+    elif dtypes - {"float32"}:
+        raise ValueError(f"tinygpt trains in fp32 or bf16, not {dtypes.pop()}")
     plan = flip_plan(flips)
     steps = (max(f.step for f in flips) // every + 2) * every
     sets = (f"sdc.every_steps={every}", "guard.escalation=" + ",".join(["rollback"] * 64),

@@ -30,7 +30,9 @@ KINDS: dict[str, dict[str, Any]] = {
     "nan_grad": {"param": "", "value": "nan", "times": 1},
     "inf_loss": {"times": 1},
     "spike": {"factor": 3.0, "times": 1},
-    "bitflip": {"target": "param", "tensor": "", "index": 0, "bit": 0, "seed": 0},
+    # dtype "": flip bit ``bit`` of whatever the tensor holds; else the tensor must hold that
+    # dtype (a bit drawn for bf16's layout means another class in fp32).
+    "bitflip": {"target": "param", "tensor": "", "index": 0, "bit": 0, "seed": 0, "dtype": ""},
     "gemm_perturb": {},
     "kill": {"signal": "SIGKILL"},
     "hang": {"where": "collective", "seconds": 3600.0},
@@ -49,6 +51,7 @@ KINDS: dict[str, dict[str, Any]] = {
 CHOICES: dict[tuple[str, str], tuple[str, ...]] = {
     ("hang", "where"): ("collective", "gil", "data"),
     ("exception", "what"): ("cuda", "comm"),
+    ("bitflip", "dtype"): ("", "float32", "bfloat16", "float16", "float64"),
     ("net", "what"): ("loss", "bandwidth", "delay", "partition", "partition_long"),
     ("disk", "what"): ("enospc", "slow_fsync", "corrupt", "truncate"),
     ("stress", "what"): ("cpu", "vm"),
@@ -195,10 +198,11 @@ class Plan:
         return self.add("spike", rank=rank, step=step, factor=factor, **kw)
 
     def bitflip(self, *, rank: int, step: int, target: str = "param", tensor: str = "", index: int = 0,
-                bit: int = 0, seed: int = 0) -> "Plan":
-        """``tensor="*"`` / ``index=-1``: the rank draws the element with ``seed`` when it flips."""
+                bit: int = 0, seed: int = 0, dtype: str = "") -> "Plan":
+        """``tensor="*"`` / ``index=-1``: the rank draws the element with ``seed`` when it flips;
+        ``dtype`` (e.g. ``"bfloat16"``): the tensor must hold that dtype (else the worker refuses)."""
         return self.add("bitflip", rank=rank, step=step, target=target, tensor=tensor, index=index, bit=bit,
-                        seed=seed)
+                        seed=seed, **({"dtype": dtype} if dtype else {}))
 
     def gemm_perturb(self, *, rank: int, step: int) -> "Plan":
         return self.add("gemm_perturb", rank=rank, step=step)

@@ -110,6 +110,7 @@ class WorkerFaults:
         def hook(grad: torch.Tensor) -> torch.Tensor | None:
             if self._step != f.step or first["done"] or i in self._fired:
                 return None
+            _check_dtype(f, grad, f"grad.{name}")  # before the claim: a wrong plan fails every attempt
             if self.runtime is not None and id(f) in self._ids and not self.runtime.claim(self._ids[id(f)]):
                 return None
             first["done"] = True
@@ -124,7 +125,7 @@ class WorkerFaults:
                                      "rank": self.ctx.rank, "node": self.ctx.node, "tensor": f"grad.{name}",
                                      "index": index, "bit": int(f.get("bit")), "before": r.before,
                                      "after": r.after, "before_bits": r.before_bits, "after_bits": r.after_bits,
-                                     "target": "grad", "injected": True})
+                                     "target": "grad", "dtype": _dtype(g), "injected": True})
             return g
         params[name].register_hook(hook)
 
@@ -191,10 +192,11 @@ class WorkerFaults:
         for i, f in enumerate(self.faults):
             if f.kind != "bitflip" or f.get("target") == "grad" or f.step != step or i in self._fired:
                 continue
+            tensor, name, index = self._target(f, model, optimizer)
+            _check_dtype(f, tensor, name)  # before the claim: a wrong plan fails every attempt
             if self.runtime is not None and id(f) in self._ids and not self.runtime.claim(self._ids[id(f)]):
                 continue  # fired in an earlier attempt: a recomputed step stays clean
             self._fired.add(i)  # a transient: a replay of this step must not flip it again
-            tensor, name, index = self._target(f, model, optimizer)
             r = _flip(tensor, index, int(f.get("bit")))
             if self.noop:
                 _flip(tensor, index, int(f.get("bit")))  # switched off: flipped back, recorded as unchanged
@@ -204,7 +206,7 @@ class WorkerFaults:
                                      "rank": self.ctx.rank, "node": self.ctx.node, "tensor": name,
                                      "index": index, "bit": int(f.get("bit")), "before": r.before,
                                      "after": r.after, "before_bits": r.before_bits, "after_bits": r.after_bits,
-                                     "target": f.get("target"), "injected": True})
+                                     "target": f.get("target"), "dtype": _dtype(tensor), "injected": True})
 
     @staticmethod
     def _element(f: FaultSpec, params: dict[str, torch.Tensor]) -> tuple[str, int]:
@@ -234,6 +236,19 @@ class WorkerFaults:
         if target not in state:
             raise KeyError(f"bitflip: optimizer state of {pname!r} has no {target!r} (has {sorted(state)})")
         return state[target], f"optim.{pname}.{target}", index
+
+
+def _dtype(t: torch.Tensor) -> str:
+    return str(t.dtype).removeprefix("torch.")
+
+
+def _check_dtype(f: FaultSpec, t: torch.Tensor, name: str) -> None:
+    """A flip planned for one dtype's bit layout must not land in another's (its bit would
+    be another class: bit 14 is bf16's exponent but fp32's mantissa)."""
+    want = f.get("dtype")
+    if want and _dtype(t) != want:
+        raise ValueError(f"bitflip at step {f.step}: planned for {want}, but {name} holds {_dtype(t)} "
+                         f"(train in {want}, e.g. tinygpt --dtype)")
 
 
 def faults_for(ctx: "WorkerContext") -> WorkerFaults:

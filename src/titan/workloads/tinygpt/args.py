@@ -51,6 +51,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--threads", type=_positive, default=None,
                    help="intra-op threads (torch.set_num_threads); default: leave torch's setting")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    p.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32",
+                   help="parameter dtype (bf16: parameters, gradients and AdamW moments in bf16; loss in fp32)")
     p.add_argument("--ckpt-every", type=_nonneg, default=None,
                    help="checkpoint every K steps (sets checkpoint.every_steps; 0 = off)")
     p.add_argument("--no-ckpt", action="store_true", help="neither restore nor save checkpoints")

@@ -99,4 +99,5 @@ class GPT(nn.Module):
         logits = self.head(self.ln_f(x))
         if targets is None:
             return logits
-        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1))
+        # The loss in fp32 even for bf16 parameters (a no-op for fp32 logits: same bits).
+        return F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1))

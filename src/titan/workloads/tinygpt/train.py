@@ -103,7 +103,9 @@ def train(args: argparse.Namespace, ctx: WorkerContext) -> dict[str, Any]:
 
     cfg = model_config(args)
     torch.manual_seed(args.seed)  # identical initial weights on every rank
-    model = GPT(cfg).to(device)
+    # bf16: the parameters themselves (so gradients and AdamW moments too), not autocast —
+    # autocast keeps every persistent tensor fp32 (docs/workload.md).
+    model = GPT(cfg).to(device=device, dtype=torch.bfloat16 if args.dtype == "bf16" else torch.float32)
     seed_everything(args.seed, ctx.rank)  # per-rank dropout streams, reproducible
     ddp: torch.nn.Module = DDP(model, device_ids=[device.index] if use_cuda else None) if distributed else model
 
@@ -140,7 +142,7 @@ def train(args: argparse.Namespace, ctx: WorkerContext) -> dict[str, Any]:
 
     ctx.events.emit("workload.config", f"tinygpt {args.preset}: {model.num_params():,} params", data={
         "preset": args.preset, "params": model.num_params(), "model": dataclasses.asdict(cfg),
-        "batch_size": args.batch_size, "grad_accum": args.grad_accum, "lr": lr, "steps": args.steps,
+        "batch_size": args.batch_size, "grad_accum": args.grad_accum, "lr": lr, "steps": args.steps, "dtype": args.dtype,
         "start_step": start, "device": str(device), "backend": backend, "num_workers": args.num_workers,
         "checkpoints": ckpt is not None, "samples": sampler.consumed,
     })
