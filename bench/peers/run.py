@@ -114,8 +114,13 @@ _TABLE = (("rto_s", "(1) kill → first step after recovery, s"), ("rto_full_s",
           ("goodput_own", "(3) goodput, the system's own accounting"),
           ("nan_detected", "(3) NaN detected"), ("nan_weights_poisoned", "(3) NaN reached the weights"),
           ("slow_detected", "(3) slow rank detected"), ("capture_stall_s", "(4) capture stall per step, 100m, s"),
-          ("sdc_detection_rate", "(5) SDC flips detected"), ("sdc_latency_steps_median", "(5) SDC latency, steps (median)"),
-          ("sdc_false_positives", "(5) false positives in clean rounds"), ("lines_added", "(6) lines added to the loop"))
+          ("sdc_detection_rate", "(5) SDC flips detected, fp32"), ("sdc_detection_rate_bf16", "(5) SDC flips detected, bf16"),
+          ("sdc_latency_steps_median", "(5) SDC latency, steps (median), fp32"),
+          ("sdc_latency_steps_median_bf16", "(5) SDC latency, steps (median), bf16"),
+          ("sdc_false_positives", "(5) false positives in clean rounds, fp32"),
+          ("sdc_false_positives_bf16", "(5) false positives in clean rounds, bf16"),
+          ("sdc_overhead", "(5) SDC overhead (in-run), fp32"), ("sdc_overhead_bf16", "(5) SDC overhead (in-run), bf16"),
+          ("lines_added", "(6) lines added to the loop"))
 
 
 def markdown(doc: dict[str, Any]) -> str:
@@ -159,17 +164,21 @@ def run_all(profile_name: str, names: list[str], measures: set[int], root: Path,
     systems: dict[str, dict[str, Any]] = {n: ({"skipped": why} if why else {}) for n, why in avail.items()}
     runnable = [n for n in names if not avail[n]]
 
+    timing: dict[str, Any] = {}  # wall seconds per measure (and per system where they run one by one)
     trials: dict[str, Any] = {}
     if measures & {1, 2} and prof.get("trials", 0) > 0:
         for fault, m in (("kill", 1), ("stop", 2)):
             if m in measures:
                 log(f"measure {m}: {fault} trials, worlds {prof['worlds']}, {prof['trials']} each")
+                t1 = time.monotonic()
                 trials[fault] = rto.run(runnable, fault=fault, worlds=prof["worlds"], trials=prof["trials"],
                                         profile=prof, wl=wl, root=root, progress=log)
+                timing[str(m)] = round(time.monotonic() - t1, 1)
         doc["measures"]["trials"] = rto._strip(trials)
     sched: dict[str, Any] = {}
     if measures & {1, 2, 3}:
         log(f"measure 3: the schedule ({prof['goodput_steps']} steps) on {', '.join(runnable)}")
+        t3 = time.monotonic()
         if profile_name == "tiny":  # behaviour only: every system at once
             with concurrent.futures.ThreadPoolExecutor(max_workers=len(runnable) or 1) as ex:
                 futs = {n: ex.submit(_scheduled_row, n, wl, prof, root) for n in runnable}
@@ -181,6 +190,7 @@ def run_all(profile_name: str, names: list[str], measures: set[int], root: Path,
                     f" kill rto {sched[n].get('kill', {}).get('rto_s')} s, hang detected "
                     f"{sched[n].get('stop', {}).get('detection_s')} s, {sched[n].get('wall_s')} s")
         doc["measures"]["schedule"] = sched
+        timing["3"] = {"total": round(time.monotonic() - t3, 1), **{n: r.get("wall_s") for n, r in sched.items()}}
     for n in runnable:
         systems[n].update(_headline(n, sched.get(n), trials))
         if n in sched and "versions" in sched[n]:
@@ -189,24 +199,33 @@ def run_all(profile_name: str, names: list[str], measures: set[int], root: Path,
             systems[n]["versions"] = get(n).versions()
     if 4 in measures and prof.get("captures", 0) > 0:
         log(f"measure 4: capture stall, 100m preset, {prof['captures']} captures each")
+        t4 = time.monotonic()
         cap = capture.run_capture(root, captures=prof["captures"])
         doc["measures"]["capture"] = cap
+        timing["4"] = {"total": round(time.monotonic() - t4, 1), **{n: c.get("wall_s") for n, c in cap.items()}}
         for n in runnable:
             c = cap.get(CAPTURE_OF.get(n, ""), {})
             systems[n]["capture_stall_s"] = c.get("stall_s")
             systems[n]["capture_of"] = CAPTURE_OF.get(n, "none: torchft heals from a live peer, it keeps no in-memory copy")
     if 5 in measures and prof.get("sdc_flips", 0) > 0:
-        log(f"measure 5: SDC, {prof['sdc_flips']} flips + {prof['sdc_controls']} clean controls each")
-        res = sdc.run_sdc(root, flips=prof["sdc_flips"], controls=prof["sdc_controls"], log=log)
+        dtypes = tuple(prof.get("sdc_dtypes", sdc.DTYPES))
+        log(f"measure 5: SDC, {prof['sdc_flips']} flips + {prof['sdc_controls']} clean controls per detector "
+            f"and dtype ({', '.join(dtypes)})")
+        t5 = time.monotonic()
+        res = sdc.run_sdc(root, flips=prof["sdc_flips"], controls=prof["sdc_controls"], dtypes=dtypes, log=log)
         doc["measures"]["sdc"] = res
+        timing["5"] = {"total": round(time.monotonic() - t5, 1),
+                       **{n: {dt: r.get("wall_s") for dt, r in by.items()} for n, by in res.items()}}
         for n in runnable:
             if n in res:
-                r = res[n]
-                systems[n]["sdc"] = {k: v for k, v in r.items() if k not in ("outcomes",)}
-                s = r.get("summary", {})
-                systems[n]["sdc_detection_rate"] = (s.get("overall") or {}).get("rate")
-                systems[n]["sdc_latency_steps_median"] = (s.get("latency_steps") or {}).get("median")
-                systems[n]["sdc_false_positives"] = r.get("false_positives")
+                systems[n]["sdc"] = {dt: {k: v for k, v in r.items() if k != "outcomes"} for dt, r in res[n].items()}
+                for dt, r in res[n].items():
+                    sfx = "" if dt == "fp32" else f"_{dt}"
+                    s = r.get("summary", {})
+                    systems[n][f"sdc_detection_rate{sfx}"] = (s.get("overall") or {}).get("rate")
+                    systems[n][f"sdc_latency_steps_median{sfx}"] = (s.get("latency_steps") or {}).get("median")
+                    systems[n][f"sdc_false_positives{sfx}"] = r.get("false_positives")
+                    systems[n][f"sdc_overhead{sfx}"] = (r.get("overhead") or {}).get("fraction")
             else:
                 systems[n]["sdc"] = {"skipped": f"{n} has no silent-data-corruption detection"}
     if 6 in measures:
@@ -216,6 +235,7 @@ def run_all(profile_name: str, names: list[str], measures: set[int], root: Path,
     doc["systems"] = systems
     doc["ratios_to_titan"] = ratios(systems)
     doc["wall_s"] = round(time.monotonic() - t0, 1)
+    doc["timing_s"] = timing
     doc["load_avg_end"] = os.getloadavg()
     return doc
 

@@ -3,7 +3,8 @@
 Model, corpus, sampler and schedule come from ``titan.workloads.tinygpt`` (pure torch +
 numpy modules), with tinygpt's defaults: preset ``tiny``, batch 8 per rank, AdamW
 (lr 3e-3, betas 0.9/0.95, weight decay 0.1), 10 warm-up steps then cosine to 0.1, clip 1.0,
-dropout 0.1, seed 0, one intra-op thread. Initial weights from ``torch.manual_seed(seed)``
+dropout 0.1, seed 0, one intra-op thread, fp32 parameters (``--dtype bf16``: bf16 parameters,
+as tinygpt's flag; measure 5 only). Initial weights from ``torch.manual_seed(seed)``
 (identical on every rank), then per-rank RNG streams as tinygpt seeds them.
 """
 
@@ -36,6 +37,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--ckpt-every", type=int, default=20, help="disk checkpoint cadence (systems that save)")
     p.add_argument("--ckpt-dir", default="ckpt")
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32",
+                   help="parameter dtype, as tinygpt's --dtype (bf16: gradients and AdamW moments bf16 too)")
     return p.parse_args(argv)
 
 
@@ -68,7 +71,7 @@ def build(args: argparse.Namespace, rank: int, world: int) -> Workload:
     """Model (identical initial weights on every rank), AdamW, warm-up + cosine, data."""
     cfg = PRESETS[args.preset]
     torch.manual_seed(args.seed)
-    model = GPT(cfg)
+    model = GPT(cfg).to(torch.bfloat16 if getattr(args, "dtype", "fp32") == "bf16" else torch.float32)
     seed_everything(args.seed, rank)
     lr = 3e-3 if args.preset == "tiny" else 3e-4
     opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.1)

@@ -14,7 +14,8 @@ inconclusive and counts as SDC). A flip lands after optimizer step S as Titan's 
 all-reduce). Measurement scaffolding, not SCOUT's: at the start of every check interval
 each rank keeps a copy of its state, and after the interval's check a flipped interval is
 put back to that copy, so each flip is judged on its own. ``--no-detection`` gives the
-overhead baseline. Writes ``$PEERS_LOG_DIR/scout.rank<r>.json``.
+A/B baseline (measure 5 measures overhead in-run instead). ``--dtype bf16`` trains with bf16
+parameters (the flips are then drawn in bf16's bit layout). Writes ``$PEERS_LOG_DIR/scout.rank<r>.json``.
 """
 import argparse
 import copy
@@ -34,6 +35,12 @@ from lm_resiliency import ReplayHarnessConfig, enable_resiliency
 from peers.common import workload
 from titan.chaos.flips import flip_bit, pick_element
 from titan.workloads.tinygpt.rng import seed_everything
+
+
+def _check_dtype(f: dict, t: torch.Tensor) -> None:
+    """A flip drawn in one dtype's bit layout must land in a tensor of that dtype."""
+    if str(t.dtype).removeprefix("torch.") != f.get("dtype", "float32"):
+        raise ValueError(f"flip at step {f['step']} drawn for {f.get('dtype')}, tensor holds {t.dtype}")
 
 
 def main() -> None:
@@ -84,8 +91,10 @@ def main() -> None:
                 return None
             f, grad_due = grad_due, None
             g = g.clone()
+            _check_dtype(f, g)
             r = flip_bit(g, f["index"], f["bit"])
-            done.append({**f, "t": time.time(), "before": r.before, "after": r.after})
+            done.append({**f, "t": time.time(), "before": r.before, "after": r.after,
+                         "dtype": str(g.dtype).removeprefix("torch.")})
             return g
         return hook
 
@@ -118,8 +127,10 @@ def main() -> None:
             if f["step"] == step and f["kind"] != "grad":
                 name, idx = pick_element(params, f["seed"]) if f["tensor"] == "*" else (f["tensor"], f["index"])
                 t = params[name].data if f["kind"] == "param" else w.optimizer.state[params[name]][f["kind"]]
+                _check_dtype(f, t)
                 r = flip_bit(t, idx, f["bit"])
-                done.append({**f, "tensor": name, "index": idx, "t": time.time(), "before": r.before, "after": r.after})
+                done.append({**f, "tensor": name, "index": idx, "t": time.time(), "before": r.before, "after": r.after,
+                             "dtype": str(t.dtype).removeprefix("torch.")})
                 flipped_here = True
         flag = torch.tensor([1.0 if flipped_here else 0.0])
         if step % a.interval == 0:
