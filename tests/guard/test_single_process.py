@@ -164,3 +164,27 @@ def test_disabled_guard_is_the_plain_recipe() -> None:
     res = guard.step(fwd_bwd)
     assert guard.check is None and not res.skipped and res.grad_norm > 0 and guard.step_count == 1
     assert not torch.equal(model.weight, before)
+
+
+def test_the_guards_exchange_counts_as_a_collective_on_the_beacon(tmp_path: Path) -> None:
+    """The exchange is a collective like DDP's buckets: counted issued and completed on the
+    beacon, so a rank stopped before it is behind in the sequence the watchdog compares
+    (uncounted, its waiting peer looked like the rank that stopped first)."""
+    import titan.beacon as beacon
+    from titan.guard import StepGuard
+
+    b = beacon.Beacon(tmp_path / "n.local0.bcn", rank=0, local_rank=0, world=1, attempt=0, node="n")
+    beacon.set_beacon(b)
+    try:
+        model = torch.nn.Linear(4, 2)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        guard = StepGuard(model, opt, max_norm=1.0)
+        for _ in range(3):
+            opt.zero_grad()
+            model(torch.ones(3, 4)).sum().backward()
+            guard.step(model(torch.ones(3, 4)).sum().detach())
+        s = beacon.read_beacon(b.path)
+        assert s.issued[0] == 3 and s.completed[0] == 3, f"issued={s.issued} completed={s.completed}"
+    finally:
+        beacon.set_beacon(None)
+        b.close()

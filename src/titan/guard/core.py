@@ -36,6 +36,7 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 from torch import nn
 
+from titan.beacon import get_beacon
 from titan.guard import actions
 from titan.guard.checks import make_check
 from titan.guard.decision import Observation, Verdict, exchange, gather_objects, judge, observe, step_vector
@@ -356,9 +357,17 @@ class StepGuard:
         loss = self.progress.loss(loss)
         dev = self.check.device()
         loss_t = loss.detach() if isinstance(loss, torch.Tensor) else torch.tensor(float(loss), device=dev)
+        # Counted on the beacon like DDP's buckets: a rank stopped after its last bucket but
+        # before this exchange is then behind in the sequence, and the watchdog names it
+        # (uncounted, the peer waiting here looked like the one that stopped first).
+        b = get_beacon()
+        if b is not None:
+            b.collective_issued(0)
         obs = exchange(loss_t.to(dev), self.check.local_norm(), self.check.norm_slot(),
                        partial_sq=self.check.norm_is_partial_sq, scale=self._scale(), verify=verify,
                        prev_norm=self._prev_norm(), group=self.group)
+        if b is not None:
+            b.collective_done(0)
         self._last_units = self.check.local_unit_norms  # read on a fault only
         return loss, obs
 
