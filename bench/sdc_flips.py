@@ -1,6 +1,6 @@
 """SDC detection rate and latency over randomised bit flips, at the default cadence.
 
-Run: .venv/bin/python bench/sdc_flips.py [--flips 60] [--seed 1] [--every 50] [--json out.json]
+Run: .venv/bin/python bench/sdc_flips.py [--flips 60] [--seed 1] [--every 50] [--dtype fp32|bf16] [--json out.json]
 
 One real `titan run` job (2 ranks, gloo, tinygpt) takes ``--flips`` flips, one per SDC check
 interval of ``--every`` steps (the default cadence is 50), each at a random step strictly
@@ -9,7 +9,8 @@ between two checks; tensor kind (parameter, local gradient before the all-reduce
 (``titan.chaos.flips.random_flips``; the element inside the rank, weighted by tensor size).
 Every flip is read back from the run's events: caught by which detector (the SDC round's
 ``sdc.mismatch``, or the guard when the flip made a value non-finite or spiking), after how
-many steps and seconds, or why not. Prints the detection rate per tensor kind and bit class,
+many steps and seconds, or why not. ``--dtype bf16`` trains tinygpt with bf16 parameters (so
+bf16 gradients and AdamW moments) and draws the bits in bf16's layout. Prints the detection rate per tensor kind and bit class,
 the latency quantiles, and the undetected flips' documented reasons (docs/sdc.md).
 """
 
@@ -22,6 +23,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+import torch
+
 from titan.chaos.flips import BIT_CLASSES, TENSOR_KINDS, random_flips, run_flips
 
 
@@ -30,10 +33,12 @@ def main() -> int:
     ap.add_argument("--flips", type=int, default=60)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--every", type=int, default=50)
+    ap.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32")
     ap.add_argument("--json", default="")
     ap.add_argument("--keep", default="", help="keep the run directory under this folder")
     a = ap.parse_args()
-    flips = random_flips(a.flips, every=a.every, seed=a.seed, first_interval=1)
+    flips = random_flips(a.flips, every=a.every, seed=a.seed, first_interval=1,
+                         dtype=torch.bfloat16 if a.dtype == "bf16" else torch.float32)
     root = (Path(a.keep) if a.keep else Path(tempfile.mkdtemp(prefix="titan-flips-"))).resolve()
     run = run_flips(flips, every=a.every, cwd=root, runs_dir=root / "runs", env=dict(os.environ),
                     timeout_s=max(1800.0, a.flips * 40.0))
@@ -41,7 +46,7 @@ def main() -> int:
     if run.launcher_exit != [0] or not s["overall"]["flips"]:
         print(f"the flip job did not finish: exit {run.launcher_exit}, {run.steps} steps; run {run.run_dir}")
         return 1
-    print(f"# {len(flips)} random flips, SDC every {a.every} steps, 2 ranks; run {run.run_dir} "
+    print(f"# {len(flips)} random {a.dtype} flips, SDC every {a.every} steps, 2 ranks; run {run.run_dir} "
           f"({run.steps} steps, {run.wall_s:.0f} s, exit {run.launcher_exit})")
     print(f"detected {s['overall']['detected']}/{s['overall']['flips']} = {s['overall']['rate']:.0%} "
           f"(not injected: {s['not_injected']})")

@@ -63,6 +63,8 @@ def _one(name: str, job_dir: Path, captures: int, gap_s: float, preset: str, tim
 
 
 def run_capture(root: Path, *, captures: int, gap_s: float = 2.0, preset: str = "100m",
-                timeout_s: float = 600) -> dict[str, Any]:
-    """``{capture system: {stall_s, wait_s, memcpy_floor_s, …} | {"skipped": why}}``."""
-    return {name: _one(name, root / f"capture-{name}", captures, gap_s, preset, timeout_s) for name in CAPTURES}
+                timeout_s: float = 600, systems: list[str] | None = None) -> dict[str, Any]:
+    """``{capture system: {stall_s, wait_s, memcpy_floor_s, …} | {"skipped": why}}`` for
+    ``systems`` (default: every one of :data:`CAPTURES`)."""
+    return {name: _one(name, root / f"capture-{name}", captures, gap_s, preset, timeout_s)
+            for name in (systems or CAPTURES)}

@@ -61,13 +61,34 @@ def _own_goodput(system: System, job_dir: Path) -> dict[str, Any]:
             "incidents": len(acc.incidents)}
 
 
+class _Finished:
+    """Every rank marked "done" ``grace_s`` ago: the run is over even when a process of the
+    system stays up by design (torchft's lighthouse waits for more quorums; the harness
+    used to wait out ``trial_timeout_s`` for it: 100 s of nothing per run, counted as
+    torchft's badput). ``t_done``: the last rank's "done" when this ended the run."""
+
+    def __init__(self, world: int, grace_s: float = 20.0) -> None:
+        self.world, self.grace_s, self.t_done = world, grace_s, None
+
+    def __call__(self, res: rto.ScheduleResult) -> bool:
+        marks = [r["t"] for r in res.job.records if r["kind"] == "mark" and r["what"] == "done"]
+        ranks = {r.get("rank") for r in res.job.records if r["kind"] == "mark" and r["what"] == "done"}
+        if not set(range(self.world)) <= ranks or time.time() - max(marks) < self.grace_s:
+            return False
+        res.completed, self.t_done = True, max(marks)
+        return True
+
+
 def scheduled_run(system: System, world: int, steps: int, *, wl: dict[str, Any], profile: dict[str, Any],
                   job_dir: Path) -> dict[str, Any]:
     """The schedule on ``system``: fault reports, goodput (own and ml-goodput-measurement)."""
     external, internal = schedule_for(wl, steps, profile)
     t0 = time.monotonic()
     res = rto.run_schedule(system, world, steps, external, internal, job_dir=job_dir, wl=wl,
-                           hang_release_s=profile["hang_release_s"], timeout_s=profile["trial_timeout_s"])
+                           hang_release_s=profile["hang_release_s"], timeout_s=profile["trial_timeout_s"],
+                           done=(finished := _Finished(world)))
+    # The job's end: its launcher's exit, or the last rank's "done" when a process stayed up.
+    job_end = finished.t_done if finished.t_done is not None else res.t_end
     out: dict[str, Any] = {"steps": steps, "world": world, "wall_s": round(time.monotonic() - t0, 1),
                            "completed": res.completed, "error": res.error,
                            "schedule": {"external": external, "internal": internal}}
@@ -95,9 +116,9 @@ def scheduled_run(system: System, world: int, steps: int, *, wl: dict[str, Any],
     ranks = "rank0" if system.name == "torchft" else "all"
     try:
         lib = goodput_adapter.calculate(goodput_adapter.records_from_steplog(
-            res.job.records, job_start=res.t_launch, job_end=res.t_end, ranks=ranks))
+            res.job.records, job_start=res.t_launch, job_end=job_end, ranks=ranks))
         lib_finite = goodput_adapter.calculate(goodput_adapter.records_from_steplog(
-            res.job.records, job_start=res.t_launch, job_end=res.t_end, ranks=ranks, nonfinite_badput=True))
+            res.job.records, job_start=res.t_launch, job_end=job_end, ranks=ranks, nonfinite_badput=True))
         out["goodput_lib"] = round(lib["goodput_pct"] / 100, 4)
         out["goodput_lib_finite"] = round(lib_finite["goodput_pct"] / 100, 4)
         out["goodput_lib_badput_pct"] = lib["badput_pct"]
