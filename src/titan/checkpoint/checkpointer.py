@@ -154,6 +154,23 @@ class Checkpointer:
         dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self._ctl)
         return [int(v) for v in t.tolist()]
 
+    def _agree(self, values: list[int]) -> list[int]:
+        """:meth:`_all_max` as the per-step agreement of ``maybe_save``: a collective, not a
+        save — phase ``comm`` (learned, tight) inside ``checkpoint`` and counted on the
+        beacon (slot 1, the control group), so a rank waiting here for a stopped peer is
+        neither given the checkpoint budget nor taken for the one that stopped (a stall
+        there went undetected)."""
+        from titan.beacon import get_beacon, phase
+
+        b = get_beacon() if self._dist() is not None else None
+        with phase("comm"):
+            if b is not None:
+                b.collective_issued(1)
+            out = self._all_max(values)
+            if b is not None:
+                b.collective_done(1)
+        return out
+
     def _all_gather(self, obj: Any) -> list[Any]:
         dist = self._dist()
         if dist is None:
@@ -189,7 +206,8 @@ class Checkpointer:
         (sync). Returns whether a disk save started.
         On the progress beacon the call is phase ``ckpt_step`` (learned, like every phase run
         each step), a disk save inside it ``checkpoint`` (its own budget: a save may take
-        minutes) and the per-step snapshot ``snapshot`` (learned once it has samples). Before,
+        minutes) and the per-step snapshot ``snapshot`` (learned once it has samples); its
+        per-step agreement is phase ``comm``, a counted collective (beacon slot 1). Before,
         the whole call was ``checkpoint``: a rank stuck in it — e.g. stopped during its per-step
         snapshot — was not taken for hung before ``checkpoint_budget_s`` (120 s).
         After a rollback to step r (``rollback``), calls for other steps than r+1 are stale
@@ -213,7 +231,7 @@ class Checkpointer:
         every = self.cfg.every_steps
         due = bool(every) and step % every == 0 and step != self.last_saved_step
         running = self._inflight is not None and not self._inflight.future.done()
-        preempt, due_any, _ = self._all_max([int(self._preempt.is_set()), int(due), int(running)])
+        preempt, due_any, _ = self._agree([int(self._preempt.is_set()), int(due), int(running)])
         self._reap()
         if preempt:
             with phase("checkpoint"):
