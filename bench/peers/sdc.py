@@ -5,8 +5,9 @@ Both take flips drawn by the project's one bit-flip harness, ``titan.chaos.flips
 (parameter, local gradient, AdamW ``exp_avg``/``exp_avg_sq``) and bit class (sign,
 exponent, mantissa) drawn uniformly, in the bit layout of the trained dtype. Both detectors
 run twice: tinygpt in fp32, and in bf16 (bf16 parameters, hence bf16 gradients and AdamW
-moments; the loss in fp32) — the same seed, so the two runs take the same kinds, classes,
-ranks and steps. Each system checks at its own documented cadence: Titan
+moments; the loss in fp32), from the same seed (the draws part ways at the first bit
+drawn: fp32 and bf16 have different bit counts, so each run takes its own flips of the same
+distribution). Each system checks at its own documented cadence: Titan
 ``sdc.every_steps = 50`` (its default), SCOUT ``interval = 10`` (docs/api.md). The first
 ``controls`` intervals of each run carry no flip: they are the clean controls (a detection
 there is a false positive), and the overhead is measured in them, in-run.
