@@ -50,9 +50,10 @@ __all__ = ["main", "ratios", "run_all"]
 #: what each system's row takes from measure (4): its own in-memory capture, or the one it would use
 CAPTURE_OF = {"titan": "titan_step", "lm_resiliency": "gemini", "torchrun": "dcp_async", "nvrx": "dcp_async"}
 HEADLINE = ("rto_s", "rpo_steps", "survivors_restarted", "hang_detection_s", "hang_culprit_named",
-            "hang_recovery_s", "goodput", "goodput_own", "goodput_lib", "capture_stall_s", "lines_added")
-LOWER_IS_BETTER = ("rto_s", "rto_full_s", "rpo_steps", "hang_detection_s", "hang_recovery_s", "capture_stall_s",
-                   "lines_added")
+            "hang_recovery_s", "goodput", "goodput_own", "goodput_lib", "schedule_finish_s", "capture_stall_s",
+            "lines_added")
+LOWER_IS_BETTER = ("rto_s", "rto_full_s", "rpo_steps", "hang_detection_s", "hang_recovery_s", "schedule_finish_s",
+                   "capture_stall_s", "lines_added")
 
 
 def _cpu_s() -> float:
@@ -102,7 +103,8 @@ def _headline(name: str, sched: dict[str, Any] | None, trials: dict[str, Any]) -
                     "nan_detected": sched.get("nan", {}).get("detected_by") is not None,
                     "nan_weights_poisoned": sched.get("nan", {}).get("weights_poisoned"),
                     "slow_detected": sched.get("slow", {}).get("detected_by") is not None,
-                    "schedule_completed": sched.get("completed"), "final_loss": sched.get("final_loss")})
+                    "schedule_completed": sched.get("completed"), "final_loss": sched.get("final_loss"),
+                    "schedule_finish_s": sched.get("finish_s")})
         if "goodput_lib_from_titan_events" in sched:
             row["goodput_lib_from_titan_events"] = sched["goodput_lib_from_titan_events"]
     return row
@@ -117,7 +119,7 @@ def ratios(systems: dict[str, Any]) -> dict[str, Any]:
             continue
         r = {}
         for k in ("rto_s", "rto_full_s", "rpo_steps", "hang_detection_s", "hang_recovery_s", "goodput",
-                  "capture_stall_s", "lines_added"):
+                  "schedule_finish_s", "capture_stall_s", "lines_added"):
             a, b = row.get(k), base.get(k)
             if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool) and b:
                 r[k] = round(a / b, 2)
@@ -132,6 +134,7 @@ _TABLE = (("rto_s", "(1) kill → first step after recovery, s"), ("rto_full_s",
           ("goodput", "(3) goodput, ml-goodput-measurement (non-finite steps = badput)"),
           ("goodput_lib", "(3) goodput, ml-goodput-measurement as fed"),
           ("goodput_own", "(3) goodput, the system's own accounting"),
+          ("schedule_finish_s", "(3) time to finish the schedule (launch → job end), s"),
           ("nan_detected", "(3) NaN detected"), ("nan_weights_poisoned", "(3) NaN reached the weights"),
           ("slow_detected", "(3) slow rank detected"), ("capture_stall_s", "(4) capture stall per step, 100m, s"),
           ("sdc_detection_rate", "(5) SDC flips detected, fp32"), ("sdc_detection_rate_bf16", "(5) SDC flips detected, bf16"),
@@ -173,12 +176,13 @@ def markdown(doc: dict[str, Any]) -> str:
 
 
 def run_all(profile_name: str, names: list[str], measures: set[int], root: Path,
-            log=lambda m: None) -> dict[str, Any]:
-    """Every requested measure for every requested system; the JSON document."""
+            log=lambda m: None, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Every requested measure for every requested system; the JSON document.
+    ``overrides``: profile keys replaced for this run (e.g. ``sdc_flips``)."""
     wl = load_config("workload")
-    prof = wl["profiles"][profile_name]
+    prof = {**wl["profiles"][profile_name], **(overrides or {})}
     clk0 = _Clock()
-    doc: dict[str, Any] = {"profile": profile_name, "started": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+    doc: dict[str, Any] = {"profile": profile_name, "profile_overrides": overrides or {}, "started": datetime.datetime.now(datetime.timezone.utc).isoformat(),
                            "load_avg_start": os.getloadavg(), "workload": {k: v for k, v in wl.items() if k != "profiles"},
                            "systems": {}, "measures": {}}
     avail = {n: get(n).unavailable() for n in names}
@@ -274,6 +278,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", help="also write the JSON document to this file")
     ap.add_argument("--json", action="store_true", help="print the JSON document (else a progress log and a summary)")
     ap.add_argument("--markdown", help="also write the system × measure table (markdown) to this file")
+    ap.add_argument("--sdc-flips", type=int, help="measure 5: flips per detector and dtype (the profile's otherwise)")
+    ap.add_argument("--sdc-controls", type=int, help="measure 5: clean intervals per detector and dtype")
     a = ap.parse_args(argv)
     names = [s.strip() for s in a.systems.split(",") if s.strip()]
     try:
@@ -281,6 +287,11 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError:
         measures = {0}
     bad = [n for n in names if n not in SYSTEMS]
+    overrides = {k: v for k, v in (("sdc_flips", a.sdc_flips), ("sdc_controls", a.sdc_controls)) if v is not None}
+    if any(v < 1 for v in overrides.values()):
+        print("peers: error: --sdc-flips and --sdc-controls must be >= 1\nhint: e.g. --sdc-flips 50 --sdc-controls 20",
+              file=sys.stderr)
+        return 2
     if bad or not measures <= {1, 2, 3, 4, 5, 6} or not names:
         what = f"unknown system {bad[0]!r}" if bad else ("no system" if not names else f"bad --measures {a.measures!r}")
         print(f"peers: error: {what}\nhint: --systems from {','.join(SYSTEMS)}; --measures from 1,2,3,4,5,6",
@@ -291,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="peers-", dir=os.environ.get("TMPDIR")) as tmp:
         root = Path(a.keep).resolve() if a.keep else Path(tmp)
         root.mkdir(parents=True, exist_ok=True)
-        doc = run_all(profile, names, measures, root, log=log)
+        doc = run_all(profile, names, measures, root, log=log, overrides=overrides)
     doc["command"] = "python bench/peers/run.py " + " ".join(argv if argv is not None else sys.argv[1:])
     text = json.dumps(doc, indent=1, default=str)
     if a.out:

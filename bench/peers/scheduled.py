@@ -90,6 +90,7 @@ def scheduled_run(system: System, world: int, steps: int, *, wl: dict[str, Any],
     # The job's end: its launcher's exit, or the last rank's "done" when a process stayed up.
     job_end = finished.t_done if finished.t_done is not None else res.t_end
     out: dict[str, Any] = {"steps": steps, "world": world, "wall_s": round(time.monotonic() - t0, 1),
+                           "finish_s": round(job_end - res.t_launch, 1),
                            "completed": res.completed, "error": res.error,
                            "schedule": {"external": external, "internal": internal}}
     steps_done = [r for r in res.job.records if r["kind"] == "step"]
