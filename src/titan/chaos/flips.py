@@ -38,8 +38,9 @@ import torch
 from titan.chaos.plan import Plan
 from titan.events import Event
 
-__all__ = ["BIT_CLASSES", "DTYPES", "TENSOR_KINDS", "Flip", "FlipSpec", "FlipOutcome", "FlipRun", "bit_range", "bit_class",
-           "dtype_name", "flip_bit", "pick_element", "random_flips", "flip_plan", "flip_outcomes", "summarize", "run_flips"]
+__all__ = ["BIT_CLASSES", "DTYPES", "TENSOR_KINDS", "Flip", "FlipSpec", "FlipOutcome", "FlipRun", "bit_range",
+           "bit_class", "dtype_name", "flip_bit", "pick_element", "random_flips", "flip_plan", "flip_outcomes",
+           "summarize", "run_flips"]
 
 BIT_CLASSES = ("sign", "exponent", "mantissa")
 #: ``grad`` is the rank's local gradient before the all-reduce; the rest are AdamW state keys.
@@ -131,7 +132,7 @@ class FlipSpec:
 
 def random_flips(n: int, *, every: int, params: Mapping[str, int] | None = None, ranks: int = 2, seed: int = 0,
                  first_interval: int = 0, kinds: Sequence[str] = TENSOR_KINDS,
-                 classes: Sequence[str] = BIT_CLASSES, dtype: torch.dtype = torch.float32) -> list[FlipSpec]:
+                 classes: Sequence[str] = BIT_CLASSES, dtype: torch.dtype | str = torch.float32) -> list[FlipSpec]:
     """``n`` random flips, one per SDC check interval of ``every`` steps starting at interval
     ``first_interval``: flip ``i`` lands after a random step strictly between the checks at
     ``(first_interval+i)·every`` and the next one. ``params``: parameter name → element count;
