@@ -156,7 +156,7 @@ class Checkpointer:
 
     def _agree(self, values: list[int]) -> list[int]:
         """:meth:`_all_max` as the per-step agreement of ``maybe_save``: a collective, not a
-        save — phase ``comm`` (learned, tight) inside ``checkpoint`` and counted on the
+        save — phase ``comm`` (learned, tight) inside ``ckpt_step`` and counted on the
         beacon (slot 1, the control group), so a rank waiting here for a stopped peer is
         neither given the checkpoint budget nor taken for the one that stopped (a stall
         there went undetected)."""
