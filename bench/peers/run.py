@@ -19,7 +19,8 @@ Profiles (``configs/workload.toml``): ``--tiny`` is the behaviour check of the t
 (every system at once, tiny schedule, measures 1-3 and 6; measure 5 with 3 flips per
 detector and dtype); ``--quick`` (≤ 15 min) takes (1) and (2) from the scheduled run's own
 kill and hang, with fewer captures and flips;
-the default full profile (≤ 60 min) adds 3 separate kill and hang trials at 2 and 4 ranks.
+the default full profile (≤ 60 min; 32.4 min measured) adds one separate kill and one hang trial
+per system at 2 and 4 ranks (``trials`` in configs/workload.toml).
 Neither runs in CI. Prints ``{"systems": {NAME: {"rto_s", "rpo_steps", "goodput",
 "survivors_restarted", …}}}``; a system that cannot run here has ``"skipped": reason``.
 """
