@@ -13,7 +13,8 @@ from titan.exitcodes import ExitCode
 
 #: A worker that announces itself (``worker.started``: the context wires itself under
 #: ``titan run``), then behaves as ``PLAN[attempt][rank]`` says: "ok", "exit:N", "kill"
-#: (SIGKILL itself), "sleep" (until stopped).
+#: (SIGKILL itself), "sleep" (until stopped), "gaveup-then-abort" (records a give-up the way
+#: the fault boundary does, then dies of SIGABRT as gloo's teardown can).
 WORKER = textwrap.dedent('''
     import os, signal, sys, time
     from titan.worker import WorkerContext
@@ -32,6 +33,11 @@ WORKER = textwrap.dedent('''
         os.kill(os.getpid(), signal.SIGKILL)
     if what == "sleep":
         time.sleep(120)
+    if what == "gaveup-then-abort":
+        from titan.errors import TitanAbort
+        from titan.worker.errors import conclude
+        conclude(ctx, TitanAbort("every checkpoint is unusable", 3))
+        os.abort()
 ''')
 
 

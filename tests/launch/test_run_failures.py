@@ -83,6 +83,20 @@ def test_gave_up_or_preempted_worker_stops_the_job_without_restart(tmp_path, wor
     assert time.monotonic() - t0 < 60, "the sleeping rank must be stopped, not waited for"
 
 
+def test_a_recorded_give_up_stands_when_the_worker_then_dies_in_teardown(tmp_path, worker_script):
+    # The worker decided (worker.abort, exit 3) and then died of SIGABRT, as torch's gloo
+    # teardown does now and then when the peer closed first (CI, the all-corrupt run). The
+    # decision is the outcome: no restart, exit 3 — not a failure to restart from.
+    code, res, rd = _run(tmp_path, worker_script, {0: {0: "sleep", 1: "gaveup-then-abort"}}, "--max-restarts", "3")
+    assert code == ExitCode.GAVE_UP, f"expected GAVE_UP, saw {code!r}: {res}"
+    evs = read_run(rd).events
+    assert not [e for e in evs if e.kind == "launcher.restart"], "the job must not be restarted"
+    (failed,) = [e.data for e in evs if e.kind == "worker.failed"]
+    assert failed["global_rank"] == 1 and failed["signal"] == "SIGABRT", failed
+    assert [e.data["reason"] for e in evs if e.kind == "launcher.abort"] == [
+        "rank 1 recorded GAVE_UP (worker.abort), then died of SIGABRT"]
+
+
 def test_request_abort_from_outside_stops_a_running_job(tmp_path, worker_script):
     runs = tmp_path / "runs"
 
