@@ -50,6 +50,32 @@ def test_compute_time_counts_data_forward_optimizer_not_backward(tmp_path):
     assert step_ns / 1e9 >= 0.07
 
 
+def test_unmarked_time_between_and_inside_steps_is_compute(tmp_path):
+    # A rank slowed where no phase is open — before its forward, in a data iterator the loop
+    # does not mark — is slow all the same; that time must reach the straggler detector.
+    b = Beacon(tmp_path / "x.bcn")
+    time.sleep(0.05)  # setup (model build, restore): no step's compute
+    b.step_begin(1)
+    with b.phase("forward"):
+        time.sleep(0.01)
+    with b.phase("backward"):
+        time.sleep(0.05)
+    b.step_end(1)
+    time.sleep(0.04)  # between steps, no phase open: the user's own code
+    b.step_begin(2)
+    time.sleep(0.02)  # inside the step, still no phase open
+    with b.phase("forward"):
+        time.sleep(0.01)
+    with b.phase("backward"):
+        time.sleep(0.05)
+    b.step_end(2)
+    (s1, c1, _), (s2, c2, w2) = read_beacon(b.path).step_ring[-2:]
+    assert (s1, s2) == (1, 2)
+    assert 0.008 < c1 / 1e9 < 0.03, f"step 1: {c1 / 1e9:.3f}s should be ~the forward (setup is no compute)"
+    assert 0.065 < c2 / 1e9 < 0.095, f"step 2: {c2 / 1e9:.3f}s should be the forward + 0.06 s unmarked"
+    assert w2 / 1e9 >= 0.08
+
+
 def test_rings_wrap_and_keep_the_newest_entries(tmp_path):
     b = Beacon(tmp_path / "x.bcn")
     for i in range(1, 1001):

@@ -37,6 +37,7 @@ def main() -> None:
     ap.add_argument("--out", default="")
     ap.add_argument("--inject", action="append", default=[])
     ap.add_argument("--slow", type=int, default=-1)
+    ap.add_argument("--slow-where", choices=("forward", "gap"), default="forward")
     ap.add_argument("--crash-after-resume", action="store_true")
     ap.add_argument("--step-sleep", type=float, default=0.0)
     a = ap.parse_args()
@@ -84,6 +85,11 @@ def main() -> None:
             ctx.step = step
             t0 = time.perf_counter()
             slept = 0.0
+            if ctx.rank == a.slow and a.slow_where == "gap" and len(compute_times) >= 5:
+                # Before the step, no phase open: as a harness (bench/peers) or a slow
+                # iterator the loop does not mark would; counted from the step's start.
+                time.sleep(statistics.median(compute_times[-20:]))
+                t0 = time.perf_counter()
             b.step_begin(step)
             with beacon.phase("data"):
                 g = torch.Generator().manual_seed(step * 1000 + ctx.rank)
@@ -102,7 +108,7 @@ def main() -> None:
                     n = 0
                     while True:
                         n += 1
-                if ctx.rank == a.slow and len(compute_times) >= 5:
+                if ctx.rank == a.slow and a.slow_where == "forward" and len(compute_times) >= 5:
                     ts = time.perf_counter()
                     time.sleep(statistics.median(compute_times[-20:]))
                     slept = time.perf_counter() - ts

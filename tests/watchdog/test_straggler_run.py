@@ -1,6 +1,7 @@
-"""A rank slowed 2x (a sleep in its forward equal to its median compute time: data + forward +
-optimizer, what the straggler detector compares) is flagged within 50 steps by the watchdog of a
-real run; the clean reference run flags nothing."""
+"""A rank slowed 2x (a sleep equal to its median compute time: data + forward + optimizer + the
+step's unmarked time, what the straggler detector compares — in its forward, or before its
+step with no phase open) is flagged within 50 steps by the watchdog of a real run; the clean
+reference run flags nothing."""
 
 from __future__ import annotations
 
@@ -13,9 +14,10 @@ from wdhelpers import events, run_titan
 
 @pytest.mark.slow  # ~70 s with the reference run; the detector's logic is tested fast in test_learning.py
 @pytest.mark.timeout(300)
-def test_a_rank_slowed_2x_is_flagged_within_50_steps(hang_reference, tmp_path: Path):
+@pytest.mark.parametrize("where", ["forward", "gap"])
+def test_a_rank_slowed_2x_is_flagged_within_50_steps(hang_reference, tmp_path: Path, where: str):
     assert not events(hang_reference["run_dir"], "straggler.detected"), "the clean run must flag nothing"
-    r = run_titan(tmp_path, "slow", ["--steps", "60", "--slow", "1"])
+    r = run_titan(tmp_path, "slow", ["--steps", "60", "--slow", "1", "--slow-where", where])
     assert r.returncode == 0, r.stdout[-2000:]
     flags = events(tmp_path / "runs" / "slow", "straggler.detected")
     assert flags, "no straggler.detected for the slowed rank"

@@ -22,9 +22,11 @@ from titan.beacon import layout as L
 
 __all__ = ["Beacon", "phase", "get_beacon", "set_beacon", "done", "DEFAULT_COMPUTE_PHASES", "proc_start_ticks"]
 
-#: Phases whose durations make up a rank's *compute* time. ``backward`` is left out on
+#: Phases whose durations make up a rank's *compute* time, together with the step's unmarked
+#: time (no phase open: the user's own code between the marked phases and between steps —
+#: a slow data pipeline, logging, a host that is busy elsewhere). ``backward`` is left out on
 #: purpose: with DDP the gradient all-reduce wait happens inside it, so a fast rank waiting
-#: for a slow one would look slow there.
+#: for a slow one would look slow there; so are the collective phases Titan marks.
 DEFAULT_COMPUTE_PHASES = frozenset({"data", "forward", "optimizer"})
 
 _Q = struct.Struct("<q")
@@ -87,6 +89,12 @@ class Beacon:
         self._completed = [0] * L.SLOTS
         self._step_t0 = _mono()
         self._compute_ns = 0
+        # Time with no phase open since the last step ended (None: a phase is open, or
+        # before the first step). A rank slowed outside every marked phase — a sleep before
+        # its forward, a slow iterator the loop does not mark — shows here and only here
+        # (bench/peers: a 3x slow rank slept there and no detector saw it).
+        self._unmarked_ns = 0
+        self._top_since: int | None = None
         # Until the first step the top level is "setup" (model build, restore: budgeted like
         # init); afterwards the time between marked phases is "idle" (learned).
         self._top = "setup"
@@ -145,6 +153,9 @@ class Beacon:
         """Enter phase ``name`` (nested in the current one)."""
         now = _mono()
         with self._lock:
+            if not self._stack and self._top_since is not None:
+                self._unmarked_ns += now - self._top_since
+                self._top_since = None
             idx = self._index(name)
             self._stack.append((idx, now))
             self._set(idx, now)
@@ -163,6 +174,8 @@ class Beacon:
             if self._by_idx[idx] in self.compute_phases:
                 self._compute_ns += dur
             outer = self._stack[-1][0] if self._stack else self._index(self._top)
+            if not self._stack and self._top == "idle":
+                self._top_since = now
             self._set(outer, now)
         if self.listener is not None:
             self.listener.phase_exit(self._by_idx[idx])
@@ -188,6 +201,9 @@ class Beacon:
                 self._record_phase(idx, dur)
                 if old in self.compute_phases:
                     self._compute_ns += dur
+            elif self._top_since is not None:
+                self._unmarked_ns += now - self._top_since
+                self._top_since = None
             idx = self._index(name)
             self._stack.append((idx, now))
             self._set(idx, now)
@@ -209,8 +225,12 @@ class Beacon:
     def step_begin(self, step: int) -> None:
         """Start optimizer step ``step`` (1-based number of the step being computed)."""
         self._step_t0 = _mono()
-        self._compute_ns = 0
-        self._top = "idle"
+        with self._lock:
+            if self._top == "setup":  # the first step: setup (build, restore) is no step's compute
+                self._compute_ns = 0
+                self._unmarked_ns = 0
+                self._top_since = self._step_t0 if not self._stack else None
+            self._top = "idle"
         _pack_q(self._mm, L.F.STEP, step)
         self._touch(self._step_t0)
         if self.listener is not None:
@@ -219,8 +239,15 @@ class Beacon:
     def step_end(self, step: int) -> None:
         """Record step ``step`` as completed: its wall time and compute time go to the ring."""
         now = _mono()
+        with self._lock:
+            if not self._stack and self._top_since is not None:
+                self._unmarked_ns += now - self._top_since
+                self._top_since = now
+            compute = self._compute_ns + self._unmarked_ns
+            self._compute_ns = 0  # phases and unmarked time from here on belong to the next step
+            self._unmarked_ns = 0
         off = L.F.STEP_RING + (self._scount % L.RING) * 24
-        struct.pack_into("<qqq", self._mm, off, step, self._compute_ns, now - self._step_t0)
+        struct.pack_into("<qqq", self._mm, off, step, compute, now - self._step_t0)
         self._scount += 1
         _pack_q(self._mm, L.F.STEP_COUNT, self._scount)
         _pack_q(self._mm, L.F.STEP, step)

@@ -1,8 +1,8 @@
 """Straggler detection: a rank whose compute time is persistently above its peers'.
 
 Input: per rank, ``(step, compute_s)`` from the beacons' step rings (compute = the
-``data``, ``forward`` and ``optimizer`` phases — not ``backward``, where a fast rank
-waits for a slow one's gradients). Every ``window // 2`` steps, over the last ``window``
+``data``, ``forward`` and ``optimizer`` phases and the step's unmarked time — not
+``backward``, where a fast rank waits for a slow one's gradients; ``titan.beacon.core``). Every ``window // 2`` steps, over the last ``window``
 steps common to all ranks: each rank's median compute time vs the median ``pm`` and MAD
 of its peers' samples pooled (works from two ranks up). A rank is *slow* in a check when
 its median exceeds ``pm × (1 + margin)`` **and** ``pm + k × MAD``. Flagged after ``persist`` consecutive slow
