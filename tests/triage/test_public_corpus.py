@@ -70,10 +70,10 @@ def test_development_split_meets_the_goal(scores: tuple[pc.Score, pc.Score], cap
     assert dev.cls >= 0.90 and dev.cul >= 0.80 and dev.act >= 0.85, dev.line("dev") + "\n" + "\n".join(dev.misses)
 
 
-@pytest.mark.xfail(strict=True, reason="the set-aside split is below its goal (aggregate numbers in docs/triage.md; "
-                   "the rules were written without looking at its cases)")
 @pytest.mark.timeout(300)
 def test_set_aside_split_meets_the_goal(scores: tuple[pc.Score, pc.Score], capsys: pytest.CaptureFixture[str]) -> None:
+    # Met since the fourth batch (docs/triage.md): the rules were written without looking at
+    # the set-aside cases; the margin is thin (action 34/42, the 38 older cases alone 30/38).
     _, held = scores
     with capsys.disabled():
         print("\n" + held.line("public corpus, set-aside split"))
