@@ -49,6 +49,15 @@ FAMILIES: dict[str, tuple[str, str | None, dict[str, str]]] = {
     "mlx5_fw_fatal": ("network", "exclude_node_and_restart", {"dmesg": "[12.3] mlx5_core 0000:3b:00.0: mlx5_fw_fatal_reporter_err_work:696:(pid 1234): Driver is in error state. Unloading\n"}),
     "bonding_slave_down": ("network", "exclude_node_and_restart", {"dmesg": "[12.3] bond0: (slave ens1f0): link status definitely down, disabling slave\n"}),
     "mlx5_module_error": ("network", None, {"dmesg": "Nov 30 10:00:00 n1 kernel: mlx5_core 0000:5e:00.0: mlx5_port_module_event:1132:(pid 0): Port module event[error]: module 0, Cable error, Bus stuck (I2C or data shorted)\n"}),
+    # ---- native crashes: where the faulting code lies decides the domain (UCX's fatal-signal handler, ucs/debug/debug.c:
+    # 'Caught signal %d (%s)' + '%2d 0x%016lx %s()  %s:%u' frames; gdb's 'Thread N "name" received signal %s, %s.' +
+    # '#%d 0x%016lx in %s () from %s'; the kernel's show_signal_msg '%s[%d]: segfault at %lx ip %px sp %px error %lx in %s[%lx+%lx]')
+    "ucx_sigsegv_in_program": ("user_code", "fix_code_or_config", {"a.log": "[node3:21877:0:21877] Caught signal 11 (Segmentation fault: address not mapped to object at address 0x8)\n==== backtrace (tid:  21877) ====\n 0 0x0000000000012cf0 __funlockfile()  :0\n 1 0x00000000004f1a2b my_kernel_launch()  /src/ext/ops.cpp:88\n"}),
+    "ucx_sigbus_in_nccl_shm": ("comm_error", "fix_code_or_config", {"a.log": "[node3:21877:0:21901] Caught signal 7 (Bus error: nonexistent physical address)\n==== backtrace (tid:  21901) ====\n 0 0x000000000008c3b1 ncclShmOpen()  ???:0\n 1 0x0000000000063dcc ncclProxyService()  ???:0\n"}),
+    "gdb_sigsegv_in_nccl_proxy": ("comm_error", "fix_code_or_config", {"gdb.txt": "Thread 12 \"pt_main_thread\" received signal SIGSEGV, Segmentation fault.\n[Switching to Thread 0x7f3a5bfff640 (LWP 4242)]\n(gdb) bt\n#0  0x00007f3a91c2e1f0 in ncclProxyProgress(void*) () from /usr/lib/x86_64-linux-gnu/libnccl.so.2\n#1  0x00007f3ad2494ac3 in start_thread (arg=<optimized out>) at ./nptl/pthread_create.c:442\n"}),
+    "kernel_segfault_in_libcuda_dmesg": ("gpu_hardware", "exclude_node_and_restart", {"dmesg": "[ 8123.456789] python3[20411]: segfault at 10 ip 00007f1e2a5b3c1d sp 00007ffd1d2e3f40 error 4 in libcuda.so.535.104.05[7f1e2a200000+2b5c000] likely on CPU 17 (core 1, socket 1)\n"}),
+    "kernel_segfault_in_libnvidia_ml": ("gpu_hardware", "exclude_node_and_restart", {"messages": "Jan  5 03:12:44 gpu-n12 kernel: nvidia-smi[9001]: segfault at 0 ip 00007f5c1e0a2b10 sp 00007ffcc2f1a8e0 error 4 in libnvidia-ml.so.550.54.15[7f5c1e000000+1d4000]\n"}),
+    "kernel_segfault_in_program": ("user_code", "fix_code_or_config", {"dmesg": "[ 8123.456789] python3[20411]: segfault at 0 ip 000055d1c5b1a2f4 sp 00007ffd1d2e3f40 error 6 in _C.cpython-311-x86_64-linux-gnu.so[7f1e2a200000+2b5c000]\n"}),
     # ---- comm_error: ncclGetErrorString across versions (init.cc), NCCL's setup refusals
     "nccl_error_v2.4_colon": ("comm_error", "fix_code_or_config", {"a.log": "RuntimeError: NCCL error: unhandled system error, NCCL version 2.4.8\n"}),
     "nccl_internal": ("comm_error", "fix_code_or_config", {"a.log": "RuntimeError: NCCL error in: /pytorch/torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:1191, internal error, NCCL version 2.10.3\n"}),
@@ -206,6 +215,9 @@ def test_identity_from_foreign_prefixes(tmp_path: Path) -> None:
                     {"node": "trainer-worker-3"}),
         "ray": ("(RayTrainWorker pid=2211, ip=10.0.0.4) torch.OutOfMemoryError: CUDA out of memory.\n",
                 {"node": "10.0.0.4"}),
+        # UCX's log/error-handler prefix "[host:pid:thread:tid]" (ucs/debug/log.c), the pid padded to five columns
+        "ucx_prefix": ("[trn-node-17:3039 :0:3095] Caught signal 11 (Segmentation fault: address not mapped to object at "
+                       "address (nil))\n", {"node": "trn-node-17"}),
         "megatron": ("RuntimeError: Rank 3, node gpu-node-07, device 3, iteration 1201: Unexpected result nan "
                      "(message='found NaN in local grad norm for bucket #0')\n", {"rank": 3, "node": "gpu-node-07"}),
         # Open MPI's mpirun --tag-output "[jobid,rank]<stream>:" and horovodrun's "[rank]<stream>:" (the world rank)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import re
 
 __all__ = ["HEAD", "nccl_prefix", "syslog_host", "global_rank", "rank_claim", "pdsh_host", "prefix_host",
-           "ray_task_host", "prompt_host", "PROMPT_KEYWORDS"]
+           "ray_task_host", "ucx_host", "prompt_host", "PROMPT_KEYWORDS"]
 
 #: how far into a line the prefixes are searched
 HEAD = 240
@@ -40,6 +40,9 @@ _KUBECTL = re.compile(r"^\[pod/(?P<host>[a-z0-9][a-z0-9.-]*)/[\w.-]+\] ")
 _RAY = re.compile(r"^\s*\((?:[\w.]+ )?pid=\d+, ip=(?P<host>[\d.]+|[\w.-]+)\) ")
 # Ray's remote-error header "RayTaskError(X): ray::Cls.method() (pid=N, ip=A.B.C.D, …)": the worker's node
 _RAY_TASK = re.compile(r"ray::[\w.<>]+\(\) \(pid=\d+, ip=(?P<host>\d{1,3}(?:\.\d{1,3}){3})[,)]")
+# UCX's log and error-handler prefix "[%s:%-5d:%d:%d] " = hostname:pid:thread index:tid (ucs/debug/log.c; its
+# signal handler's "Caught signal" and backtrace lines carry it too, e.g. "[node7:3039 :0:3095]")
+_UCX = re.compile(r"\[(?P<host>(?=[\w.-]*[A-Za-z])[A-Za-z0-9][\w.-]*):(?P<pid>\d+) *:\d+:\d+\] ")
 # torchrun --tee / --local-ranks-filter global-rank prefix "[rank3]:" (wherever other prefixes put it)
 _GLOBAL = re.compile(r"\[rank(?P<r>\d{1,6})\]:")
 # a process announcing its rank in the world: Lightning "initializing ddp: GLOBAL_RANK: 1, MEMBER: 2/8",
@@ -79,6 +82,12 @@ def pdsh_host(text: str) -> str | None:
     if not m or _NOT_HOST.search(m["host"]):
         return None
     return m["host"]
+
+
+def ucx_host(text: str) -> str | None:
+    """The host of UCX's ``[host:pid:thread:tid]`` prefix anywhere in the line head, or None."""
+    m = _UCX.search(text[:HEAD]) if ":" in text[:HEAD] else None
+    return m["host"] if m else None
 
 
 def prefix_host(text: str) -> str | None:

@@ -18,7 +18,7 @@ import re
 from collections import Counter
 from pathlib import Path
 
-from titan.triage.identity import nccl_prefix, pdsh_host, syslog_host
+from titan.triage.identity import nccl_prefix, pdsh_host, syslog_host, ucx_host
 from titan.triage.lineparse import line_rank, name_hints
 from titan.triage.model import Finding
 
@@ -95,7 +95,7 @@ def lexical_finding(files: list[tuple[Path, str]], order_base: int = 0) -> Findi
         return None
     nc = nccl_prefix(line)
     rank = line_rank(line)
-    node = (nc[0] if nc else None) or syslog_host(line) or pdsh_host(line) or name_hints(display)[1]
+    node = (nc[0] if nc else None) or syslog_host(line) or pdsh_host(line) or ucx_host(line) or name_hints(display)[1]
     return Finding(rule="lexical", role="cause", cls=cls, file=display, line=ln, text=line[:500], t=None,
                    rank=rank if rank is not None else name_hints(display)[0], node=node, priority=1,
                    order=(order_base + i, ln),

@@ -424,13 +424,17 @@ def _code(f: Finding) -> int | None:
         return None
 
 
+#: NVIDIA's user-space driver libraries (libcuda, libnvidia-ml, libnvidia-ptxjitcompiler…), as the kernel names a VMA
+_GPU_DRIVER_LIB = re.compile(r"(?:^|/)lib(?:cuda|nvidia-[\w-]+)\.so\b")
+
+
 def _sig(f: Finding) -> str | None:
     s = f.fields.get("signal")
     if s:
         s = str(s)
         if s.isdigit():  # a signal number (mpirun 'exited on signal 9')
             return _SIGNALS.get(-int(s), f"signal {s}")
-        return {"Killed": "SIGKILL", "Terminated": "SIGTERM", "Aborted": "SIGABRT",
+        return {"Killed": "SIGKILL", "Terminated": "SIGTERM", "Aborted": "SIGABRT", "segfault": "SIGSEGV",
                 "Segmentation fault": "SIGSEGV", "Bus error": "SIGBUS"}.get(s, s)
     c = _code(f)
     return _SIGNALS.get(c) if c is not None else None
@@ -463,6 +467,16 @@ def _from_exits(exits: list[Finding], kept: list[Finding], **base: object) -> Ve
         cls, action, reason = "launcher", "restart_from_checkpoint", (
             "rank killed by SIGKILL with no out-of-memory line in the inputs: killed from outside (scheduler, "
             "operator, or an OOM killer whose kernel log was not collected — add dmesg)")
+    elif s in ("SIGSEGV", "SIGBUS") and _GPU_DRIVER_LIB.search(str(first.fields.get("what") or "")):
+        # the kernel names the object the faulting instruction was in: NVIDIA's driver library, not the program
+        cls, action, reason = "gpu_hardware", "exclude_node_and_restart", (
+            f"a process crashed with {s} inside the GPU driver's library ({first.fields.get('what')}), not in the "
+            "program's code: the node's GPU or driver stack is suspect")
+    elif s in ("SIGSEGV", "SIGBUS") and any(f.rule == "native_frame_nccl" for f in kept):
+        cls, action, reason = "comm_error", "fix_code_or_config", (
+            f"rank crashed with {s} in NCCL's own code (the innermost native frames)" +
+            (": a bus error there is NCCL touching a shared-memory segment /dev/shm cannot back (a container's "
+             "default 64 MB)" if s == "SIGBUS" else ""))
     elif s in ("SIGSEGV", "SIGBUS"):
         cls, action, reason = "user_code", "fix_code_or_config", f"rank crashed with {s} (native code fault)"
     elif s == "SIGABRT" and any(f.cls == "comm_error" and _C10D_TEARDOWN.search(f.text) for f in kept):

@@ -19,7 +19,7 @@ from typing import Any, Callable, Iterable
 from titan.triage.grepfilter import GREP as _GREP
 from titan.triage.grepfilter import GREP_ENV, grep_hit
 from titan.triage.identity import (HEAD, global_rank, nccl_prefix, pdsh_host, prefix_host, prompt_host, rank_claim,
-                                   syslog_host)
+                                   syslog_host, ucx_host)
 from titan.triage.lineparse import line_rank, parse_time, strip_prefixes
 from titan.triage.model import Finding
 from titan.triage.rawline import decode_line, decode_named, last_time, line_time
@@ -165,7 +165,7 @@ def make_finding(rules: RuleSet, text: str, *, file: str, line: int, t: float | 
         gpu = gpu or nc[2]
     else:
         node = node or syslog_host(text)
-    node = node or pdsh_host(text) or prefix_host(text)
+    node = node or pdsh_host(text) or prefix_host(text) or ucx_host(text)
     fields = {k: v for k, v in facts.items() if k not in ("rank", "host", "pid", "pid2", "pci", "gpu")}
     if context:
         fields["context"] = [c[:300] for c in context]
