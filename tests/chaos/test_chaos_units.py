@@ -250,11 +250,17 @@ def test_nfqueue_delayer_and_nftables_loss_act_on_the_link(tmp_path):
     topo = Topology("tcu", 2)
     srv = None
     with topo:
-        srv = subprocess.Popen(topo.exec_prefix(0) + [sys.executable, "-c", _ECHO % topo.addr(0)])
+        srv = subprocess.Popen(topo.exec_prefix(0) + [sys.executable, "-c", _ECHO % topo.addr(0)],
+                               stdout=subprocess.PIPE, text=True)
         try:
+            # Listening before the first ping (CI: the ping once connected first, was
+            # refused and printed nothing).
+            assert srv.stdout is not None and srv.stdout.readline().strip() == "listening"
+
             def rtt() -> float:
                 p = subprocess.run(topo.exec_prefix(1) + [sys.executable, "-c", _PING % topo.addr(0)],
                                    capture_output=True, text=True, timeout=40)
+                assert p.returncode == 0 and p.stdout.strip(), f"ping failed ({p.returncode}): {p.stderr[-800:]}"
                 return float(p.stdout.strip())
             base = rtt()
             proc = topo.start_delay(1, 50)
@@ -278,6 +284,7 @@ def test_nfqueue_delayer_and_nftables_loss_act_on_the_link(tmp_path):
 _ECHO = """
 import socket
 s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind(('%s', 9000)); s.listen()
+print("listening", flush=True)
 while True:
     c, _ = s.accept()
     while (d := c.recv(100)):

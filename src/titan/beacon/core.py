@@ -89,12 +89,15 @@ class Beacon:
         self._completed = [0] * L.SLOTS
         self._step_t0 = _mono()
         self._compute_ns = 0
-        # Time with no phase open since the last step ended (None: a phase is open, or
-        # before the first step). A rank slowed outside every marked phase — a sleep before
-        # its forward, a slow iterator the loop does not mark — shows here and only here
-        # (bench/peers: a 3x slow rank slept there and no detector saw it).
+        # Unmarked time since the last step ended: no phase open, or ``idle`` (the step
+        # guard's mark for "the user's own code between steps") innermost — nested phases
+        # (a checkpoint's collectives inside ``idle``) excluded. ``_idle_since``: when the
+        # current unmarked stretch began (None: inside a marked phase, or before the first
+        # step). A rank slowed outside every marked phase — a sleep before its forward, a
+        # slow iterator the loop does not mark — shows here and only here (bench/peers: a
+        # 3x slow rank slept there and no detector saw it).
         self._unmarked_ns = 0
-        self._top_since: int | None = None
+        self._idle_since: int | None = None
         # Until the first step the top level is "setup" (model build, restore: budgeted like
         # init); afterwards the time between marked phases is "idle" (learned).
         self._top = "setup"
@@ -148,17 +151,30 @@ class Beacon:
         self._pcount += 1
         _pack_q(self._mm, L.F.PCOUNT, self._pcount)
 
+    def _unmarked_pause(self, now: int) -> None:
+        """Close the current unmarked stretch (call under the lock, before a transition)."""
+        if self._idle_since is not None:
+            self._unmarked_ns += now - self._idle_since
+            self._idle_since = None
+
+    def _unmarked_resume(self, now: int) -> None:
+        """Open an unmarked stretch if the beacon now shows unmarked time (after a transition)."""
+        if self._top == "setup":
+            return
+        inner = self._by_idx[self._stack[-1][0]] if self._stack else self._top
+        if inner == "idle":
+            self._idle_since = now
+
     # -- phases ----------------------------------------------------------------------
     def enter(self, name: str) -> None:
         """Enter phase ``name`` (nested in the current one)."""
         now = _mono()
         with self._lock:
-            if not self._stack and self._top_since is not None:
-                self._unmarked_ns += now - self._top_since
-                self._top_since = None
+            self._unmarked_pause(now)
             idx = self._index(name)
             self._stack.append((idx, now))
             self._set(idx, now)
+            self._unmarked_resume(now)
         if self.listener is not None:
             self.listener.phase_enter(name)
 
@@ -173,10 +189,10 @@ class Beacon:
             self._record_phase(idx, dur)
             if self._by_idx[idx] in self.compute_phases:
                 self._compute_ns += dur
+            self._unmarked_pause(now)
             outer = self._stack[-1][0] if self._stack else self._index(self._top)
-            if not self._stack and self._top == "idle":
-                self._top_since = now
             self._set(outer, now)
+            self._unmarked_resume(now)
         if self.listener is not None:
             self.listener.phase_exit(self._by_idx[idx])
 
@@ -194,6 +210,7 @@ class Beacon:
         now = _mono()
         old = None
         with self._lock:
+            self._unmarked_pause(now)
             if self._stack:
                 idx, t0 = self._stack.pop()
                 old = self._by_idx[idx]
@@ -201,12 +218,10 @@ class Beacon:
                 self._record_phase(idx, dur)
                 if old in self.compute_phases:
                     self._compute_ns += dur
-            elif self._top_since is not None:
-                self._unmarked_ns += now - self._top_since
-                self._top_since = None
             idx = self._index(name)
             self._stack.append((idx, now))
             self._set(idx, now)
+            self._unmarked_resume(now)
         if self.listener is not None:
             if old is not None:
                 self.listener.phase_exit(old)
@@ -229,8 +244,9 @@ class Beacon:
             if self._top == "setup":  # the first step: setup (build, restore) is no step's compute
                 self._compute_ns = 0
                 self._unmarked_ns = 0
-                self._top_since = self._step_t0 if not self._stack else None
             self._top = "idle"
+            if self._idle_since is None:
+                self._unmarked_resume(self._step_t0)
         _pack_q(self._mm, L.F.STEP, step)
         self._touch(self._step_t0)
         if self.listener is not None:
@@ -240,9 +256,8 @@ class Beacon:
         """Record step ``step`` as completed: its wall time and compute time go to the ring."""
         now = _mono()
         with self._lock:
-            if not self._stack and self._top_since is not None:
-                self._unmarked_ns += now - self._top_since
-                self._top_since = now
+            self._unmarked_pause(now)
+            self._unmarked_resume(now)
             compute = self._compute_ns + self._unmarked_ns
             self._compute_ns = 0  # phases and unmarked time from here on belong to the next step
             self._unmarked_ns = 0
