@@ -187,6 +187,32 @@ def test_a_gradscaler_loop_with_guard_step_of_the_loss_is_bitwise_the_plain_scal
     assert all(torch.equal(a, b) for a, b in zip(plain[0], guarded[0])), "weights differ from the plain scaler loop"
 
 
+def test_a_job_that_ended_before_its_first_step_is_not_judged_off(tmp_path):
+    """Every checkpoint corrupt, the workers stop at restore: whether the loop marks steps is
+    unknown — "hang detection OFF, call StepGuard.step" was wrong advice to a wired script."""
+    from titan.beacon import Beacon, scan_beacons
+    from titan.events import EventWriter, read_file
+    from titan.launch.capabilities import assess
+
+    for r in (0, 1):
+        Beacon(tmp_path / "beacons" / f"n0.local{r}.bcn", rank=r, local_rank=r, world=2, node="n0")
+    w = EventWriter(tmp_path / "e.jsonl", run="r", node="n0")
+    for r in (0, 1):
+        w.set_context(rank=r)
+        w.emit("worker.started", data={"wired": True, "fault_boundary": True})
+        w.emit("guard.armed", data={"mode": "ddp", "enabled": True})
+    w.close()
+    evs, _ = read_file(tmp_path / "e.jsonl")
+    snaps = scan_beacons(tmp_path / "beacons")
+    running = {c.name: c for c in assess(evs, snaps, ranks=[0, 1])}
+    assert not running["hang detection"].live and running["hang detection"].judged  # still going: say so
+    ended = {c.name: c for c in assess(evs, snaps, ranks=[0, 1], ended=True)}
+    for name in ("hang detection", "step events"):
+        assert not ended[name].judged and "before their first step" in ended[name].why, ended[name]
+        assert ended[name].to_dict()["judged"] is False
+    assert ended["step guard"].live and ended["step guard"].judged
+
+
 def test_ranks_starting_again_after_a_restart_keep_hang_detection_on(tmp_path):
     """A report due while a restarted attempt is still in setup (its beacons at step 0): the
     ranks' step events of the attempt before show the beacons stepped — not 'off'."""

@@ -100,12 +100,14 @@ def run(args: argparse.Namespace, env: Environment) -> ExitCode:
 
 def _print_capabilities(env: Environment, caps) -> None:  # noqa: ANN001 - list[Capability]
     """One line per capability: which are live, and why not (titan.launch.capabilities)."""
-    off = sum(1 for c in caps if not c.live)
-    env.err_console.print(styled(("titan run: capabilities", "bold"), f" ({off} off)" if off else " (all on)"))
+    off = sum(1 for c in caps if not c.live and c.judged)
+    unjudged = sum(1 for c in caps if not c.judged)
+    note = ", ".join(x for x in (f"{off} off" if off else "", f"{unjudged} not judged" if unjudged else "") if x)
+    env.err_console.print(styled(("titan run: capabilities", "bold"), f" ({note})" if note else " (all on)"))
     width = max(len(c.name) for c in caps)
     for c in caps:
-        env.err_console.print(styled(f"  {c.name:<{width}}  ", ("on " if c.live else "OFF", "green" if c.live else "red"),
-                                     f"  {c.why.split(' — ', 1)[-1]}"))
+        mark = ("on ", "green") if c.live else ("OFF", "red") if c.judged else (" - ", "dim")
+        env.err_console.print(styled(f"  {c.name:<{width}}  ", mark, f"  {c.why.split(' — ', 1)[-1]}"))
 
 
 def _explain_timeouts(args: argparse.Namespace, env: Environment, settings) -> ExitCode:  # noqa: ANN001

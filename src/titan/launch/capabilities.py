@@ -31,14 +31,17 @@ WIRED_PHASES = ("data", "forward", "backward", "comm", "optimizer", "ckpt_step",
 
 @dataclasses.dataclass(frozen=True)
 class Capability:
-    """One line of the report: ``name``, live or not, and why."""
+    """One line of the report: ``name``, live or not, and why. ``judged`` is False when the
+    run gave no evidence either way (the workers ended before their first step): then
+    ``live`` is False but the line is not an "off"."""
 
     name: str
     live: bool
     why: str
+    judged: bool = True
 
     def to_dict(self) -> dict[str, Any]:
-        return {"live": self.live, "why": self.why}
+        return {"live": self.live, "why": self.why, **({} if self.judged else {"judged": False})}
 
 
 def rank_ranges(ranks: Iterable[int]) -> str:
@@ -56,9 +59,12 @@ def rank_ranges(ranks: Iterable[int]) -> str:
 
 
 def assess(events: Iterable[Event], beacons: Iterable[Any], *, ranks: Iterable[int], watchdog_on: bool = True,
-           agent_on: bool | None = None) -> list[Capability]:
+           agent_on: bool | None = None, ended: bool = False) -> list[Capability]:
     """Judge each capability from ``events`` (the workers') and ``beacons`` (this node's
-    snapshots, ``titan.beacon.scan_beacons``) for the ranks ``ranks`` expected here."""
+    snapshots, ``titan.beacon.scan_beacons``) for the ranks ``ranks`` expected here.
+    ``ended``: the job is over — if no rank reached a step, whether the loop marks steps is
+    unknown (a run stopped at its restore said "hang detection OFF, call StepGuard.step" to a
+    script that does), so those lines are *not judged* instead of off."""
     want = sorted(set(ranks))
     evs = list(events)
     started = {e.rank: e for e in evs if e.kind == "worker.started" and e.rank is not None}
@@ -75,6 +81,8 @@ def assess(events: Iterable[Event], beacons: Iterable[Any], *, ranks: Iterable[i
 
     # hang detection: a beacon per rank, moving with the steps, with the loop's phases
     bcn = {b.rank: b for b in beacons if b.rank in want}
+    no_step = ended and not steps and all(b.step == 0 and b.step_count == 0 for b in bcn.values())
+    unjudged = "not judged — the workers ended before their first step"
     if not watchdog_on:
         out.append(Capability("hang detection", False, "off by setting (watchdog.enabled = false)"))
     elif not bcn:
@@ -90,6 +98,9 @@ def assess(events: Iterable[Event], beacons: Iterable[Any], *, ranks: Iterable[i
                       "their steps before it were reported" if restarting else "none marked (only step progress)")
         if missing:
             out.append(Capability("hang detection", False, f"partial — no beacons from ranks {rank_ranges(missing)}"))
+        elif no_step:
+            out.append(Capability("hang detection", False, f"{unjudged} (beacons from ranks {who} are there)",
+                                  judged=False))
         elif len(stepping) < len(bcn):
             out.append(Capability("hang detection", False,
                                   f"partial — beacons from ranks {who} show no step (only the "
@@ -128,6 +139,8 @@ def assess(events: Iterable[Event], beacons: Iterable[Any], *, ranks: Iterable[i
     # step events
     if steps:
         out.append(Capability("step events", True, f"on — ranks {rank_ranges(steps)} (last step {max(steps.values())})"))
+    elif no_step and started:
+        out.append(Capability("step events", False, unjudged, judged=False))
     else:
         out.append(Capability("step events", False, "off — no `step` events: StepGuard writes one per step "
                               "(or ctx.events.emit('step', step=…))" + (f"; ranks {rank_ranges(no_ctx)} have no "
@@ -196,13 +209,15 @@ class CapabilityWatch:
 
             snaps = [b for b in scan_beacons(self.beacon_dir) if b.node == self.node]
             caps = assess(self._events, snaps, ranks=self._expected(), watchdog_on=self.watchdog_on,
-                          agent_on=self.agent_on())
+                          agent_on=self.agent_on(), ended=why == "end of the job")
             self.report = caps
-        off = [c.name for c in caps if not c.live]
-        self.emit("launcher.capabilities", "capabilities: " + "; ".join(f"{c.name} {'on' if c.live else 'OFF'}"
-                                                                         for c in caps),
+        off = [c.name for c in caps if not c.live and c.judged]
+        unjudged = [c.name for c in caps if not c.judged]
+        self.emit("launcher.capabilities", "capabilities: " + "; ".join(
+                      f"{c.name} {'on' if c.live else 'OFF' if c.judged else 'not judged'}" for c in caps),
                   level="warning" if off else "info",
-                  data={"capabilities": {c.name: c.to_dict() for c in caps}, "off": off, "after": why})
+                  data={"capabilities": {c.name: c.to_dict() for c in caps}, "off": off, "after": why,
+                        **({"not_judged": unjudged} if unjudged else {})})
         if self.on_report is not None:
             try:
                 self.on_report(caps)
