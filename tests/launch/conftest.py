@@ -7,9 +7,6 @@ from pathlib import Path
 
 import pytest
 
-from titan.cli.environment import Environment
-from titan.cli.main import run as cli_run
-from titan.exitcodes import ExitCode
 
 #: A worker that announces itself (``worker.started``: the context wires itself under
 #: ``titan run``), then behaves as ``PLAN[attempt][rank]`` says: "ok", "exit:N", "kill"
@@ -46,11 +43,3 @@ def worker_script(tmp_path: Path) -> Path:
     p = tmp_path / "worker.py"
     p.write_text(WORKER)
     return p
-
-
-def titan(argv: list[str], cwd: Path) -> tuple[ExitCode, str, str]:
-    """Run the CLI in-process; returns (exit code, stdout, stderr)."""
-    env = Environment.captured(cwd)
-    code = cli_run(argv, env)
-    return code, env.stdout.getvalue(), env.stderr.getvalue()
-

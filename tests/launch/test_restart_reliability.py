@@ -16,7 +16,7 @@ import pytest
 from titan.events import read_run
 from titan.exitcodes import ExitCode
 
-from conftest import titan
+from _cli import titan  # tests/launch/_cli.py
 
 # Every attempt forms a real gloo group through torchrun's store and all-reduces; until
 # attempt 10 one rank then dies (alternating SIGKILL and exit 1), as a crashed trainer would.

@@ -13,7 +13,7 @@ from titan.events import EVENT_FILE_RE, RunDir, read_run
 from titan.exitcodes import ExitCode
 from titan.launch import request_abort
 
-from conftest import titan  # tests/launch/conftest.py
+from _cli import titan  # tests/launch/_cli.py
 
 pytestmark = pytest.mark.timeout(120)
 
