@@ -238,3 +238,45 @@ def test_the_time_a_native_py_spy_holds_a_suspect_stopped_is_not_counted_as_its_
     finally:
         proc.kill()
         wd.stop()
+
+
+def test_a_bogus_last_update_time_is_no_hang_while_the_heartbeat_moves(tmp_path):
+    """CI once declared a clean run hung: "rank 0 stalled 25418.6s" — its last update read as
+    0, the whole monotonic clock — while its heartbeat kept moving. A stall is never longer
+    than the watchdog watched the heartbeat stand still; a real stall is still a hang."""
+    import struct
+
+    from titan.beacon import Beacon
+    from titan.beacon import layout as L
+    import titan.beacon.core as core
+
+    import signal
+
+    prev = signal.signal(signal.SIGUSR2, lambda *_: None)  # the watchdog asks this process for its stacks
+    rd = RunDir.create(tmp_path, "r")
+    s = _settings(**{"watchdog.warmup_timeout_s": 1.5, "watchdog.ceiling_s": 1.5, "watchdog.floor_s": 1.0,
+                     "watchdog.idle_timeout_s": 1.5})
+    wd = Watchdog(rd, "n", s, ledger=Ledger(tmp_path / "l.sqlite", limit=10), kill=False)
+    bs = [Beacon(rd.path / "beacons" / f"n.local{r}.bcn", rank=r, world=2, node="n") for r in range(2)]
+    try:
+        for b in bs:
+            b.step_begin(1)
+            b.enter("forward")
+        t_end = time.monotonic() + 3.0
+        while time.monotonic() < t_end:
+            for b in bs:
+                b.heartbeat()
+            struct.pack_into("<q", bs[0]._mm, L.F.LAST_MONO, 0)  # noqa: SLF001 - the bogus timestamp
+            assert wd.tick() is None, "a rank whose heartbeat moves was declared hung"
+            time.sleep(0.05)
+        # The control: the same beacons, standing still, are a hang after the timeout.
+        rec = None
+        t_end = time.monotonic() + 10.0
+        while rec is None and time.monotonic() < t_end:
+            rec = wd.tick()
+            time.sleep(0.05)
+        assert rec is not None, "a real stall must still be a hang"
+    finally:
+        core.set_beacon(None)
+        wd.events.close()
+        signal.signal(signal.SIGUSR2, prev)

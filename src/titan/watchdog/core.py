@@ -77,6 +77,9 @@ class Watchdog:
         self.rd.events_dir.mkdir(parents=True, exist_ok=True)
         self.events = EventWriter(watchdog_events_file(self.rd, node), run=self.rd.run_id, node=node)
         self._cursor: dict[str, tuple[int, int, int]] = {}  # beacon path -> (pid, phase count, step count)
+        # beacon path -> (pid, heartbeat, when this watchdog first saw that heartbeat): a stall
+        # is never longer than the watchdog itself watched the heartbeat stand still.
+        self._hb_seen: dict[str, tuple[int, int, int]] = {}
         self._handled: set[int] = set()
         self._attempt: int | None = None
         self._straggler_flags: dict[int, int] = {}
@@ -154,7 +157,7 @@ class Watchdog:
         cap = self._capture if self._capture is not None and self._capture.attempt == attempt else None
         worst, suspect = None, False
         for s in local:
-            stalled = (now - s.last_mono_ns) / 1e9
+            stalled = self._stall_s(s, now)
             to, basis = self.timeouts.timeout(s.phase)
             eff = stalled - self._paused(cap, s)
             if eff > to and (worst is None or eff / to > (worst[1] - self._paused(cap, worst[0])) / worst[2]):
@@ -217,10 +220,27 @@ class Watchdog:
                 path.unlink(missing_ok=True)
         self._abandoned = left
 
+    def _stall_s(self, s: BeaconSnapshot, now: int) -> float:
+        """Seconds ``s`` has shown no progress: since its last update by its own clock, but
+        never longer than this watchdog has seen its heartbeat stand still. A clean CI run
+        was once declared hung with "rank 0 stalled 25418.6s" — the whole monotonic clock, a
+        last update read as 0 — while its heartbeat kept moving (716 at the end); a
+        timestamp can be wrong, a heartbeat that changed between two reads cannot."""
+        seen = self._hb_seen.get(s.path)
+        if seen is None or seen[0] != s.pid or seen[1] != s.heartbeat:
+            seen = (s.pid, s.heartbeat, now)
+            self._hb_seen[s.path] = seen
+        own = (now - s.last_mono_ns) / 1e9
+        watched = (now - seen[2]) / 1e9
+        if own > watched + 60.0 and seen[2] == now:
+            log.warning("beacon %s: last update %.1fs ago by its clock but its heartbeat just moved; using %.1fs",
+                        s.path, own, watched)
+        return min(own, watched)
+
     def _view(self, s: BeaconSnapshot, now: int) -> RankView:
         return RankView(node=s.node, rank=s.rank, local_rank=s.local_rank, pid=s.pid, attempt=s.attempt, step=s.step,
                         phase=s.phase, issued=list(s.issued), completed=list(s.completed), last_wall_ns=s.last_wall_ns,
-                        phase_wall_ns=s.phase_wall_ns, stalled_s=(now - s.last_mono_ns) / 1e9,
+                        phase_wall_ns=s.phase_wall_ns, stalled_s=self._stall_s(s, now),
                         timeout_s=self.timeouts.timeout(s.phase)[0])
 
     def _ingest(self, s: BeaconSnapshot, *, local: bool) -> None:
