@@ -97,6 +97,32 @@ def test_a_recorded_give_up_stands_when_the_worker_then_dies_in_teardown(tmp_pat
         "rank 1 recorded GAVE_UP (worker.abort), then died of SIGABRT"]
 
 
+SHUTDOWN_CRASH = '''
+import atexit, os
+atexit.register(os.abort)  # runs last (LIFO): after Titan's own exit handlers, as gloo's abort would
+from titan.worker import WorkerContext
+ctx = WorkerContext.from_env()
+ctx.events.emit("test.plan", "finish, then die in the interpreter's shutdown")
+'''
+
+
+def test_a_death_after_the_script_ended_is_marked_and_strikes_no_node(tmp_path):
+    # torch's gloo threads can abort a finalizing interpreter (titan.worker.shutdown); three
+    # such exits once locked the only host out of the ledger.
+    from titan.ledger import Ledger
+
+    script = tmp_path / "shutdown_crash.py"
+    script.write_text(SHUTDOWN_CRASH)
+    code, res, rd = _run(tmp_path, script, {}, "--max-restarts", "0")
+    assert code == ExitCode.JOB_FAILED, res  # the exit status was lost with the process: still a failure
+    failed = [e for e in read_run(rd).events if e.kind == "worker.failed"]
+    assert failed and all(e.data.get("at_shutdown") is True and e.data["signal"] == "SIGABRT" for e in failed), \
+        [e.data for e in failed]
+    assert "during interpreter shutdown" in failed[0].msg, failed[0].msg
+    strikes = Ledger(tmp_path / "node-ledger.sqlite").strikes(failed[0].node)
+    assert not [s for s in strikes if s.kind == "crash"], f"a teardown death struck the node: {strikes}"
+
+
 def test_request_abort_from_outside_stops_a_running_job(tmp_path, worker_script):
     runs = tmp_path / "runs"
 

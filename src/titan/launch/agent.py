@@ -56,7 +56,8 @@ STOP_CODES = {int(ExitCode.GAVE_UP): ExitCode.GAVE_UP, int(ExitCode.PREEMPTED): 
 
 
 def _make_agent_class(base: type, recorder: LauncherRecorder, on_abort: Callable[[AbortRequest], None],
-                      policy: RestartPolicy | None = None, consequence_grace_s: float = 0.0) -> type:
+                      policy: RestartPolicy | None = None, consequence_grace_s: float = 0.0,
+                      beacons: "os.PathLike[str] | str | None" = None) -> type:
     class TitanAgent(base):  # type: ignore[misc, valid-type]
         """``LocalElasticAgent`` that reports failures as they happen and honours aborts."""
 
@@ -129,6 +130,9 @@ def _make_agent_class(base: type, recorder: LauncherRecorder, on_abort: Callable
                         "exit_code": code, "signal": sig, "attempt": attempt,
                         "error_file": failure.error_file if failure.error_file not in ("", "<N/A>") else None,
                         "error": _error_message(err), "traceback": _error_traceback(err)}
+                if sig and beacons is not None and _at_shutdown(beacons, recorder.node, int(failure.local_rank),
+                                                                int(failure.pid)):
+                    data["at_shutdown"] = True  # its script had ended: a teardown crash, not the node's
                 if root_cause and code == -signal.SIGTERM:
                     recorder.emit("worker.stopped", f"rank {grank} (pid {failure.pid}) stopped by the agent "
                                   f"after a failure in its group", level="info", data=data)
@@ -137,7 +141,9 @@ def _make_agent_class(base: type, recorder: LauncherRecorder, on_abort: Callable
                     recorder.failures.append(data)
                 recorder.emit("worker.failed",
                               f"rank {grank} (pid {failure.pid}) " +
-                              (f"killed by {sig}" if sig else f"exited with {code}") + f" in attempt {attempt}",
+                              (f"killed by {sig}" if sig else f"exited with {code}") + f" in attempt {attempt}" +
+                              (" during interpreter shutdown, after its script ended" if data.get("at_shutdown")
+                               else ""),
                               level="error", data=data)
                 stop = STOP_CODES.get(code)
                 if stop is None:  # decided, recorded, then killed in teardown (gloo's SIGABRT)
@@ -188,6 +194,16 @@ def _make_agent_class(base: type, recorder: LauncherRecorder, on_abort: Callable
     return TitanAgent
 
 
+def _at_shutdown(beacons: "os.PathLike[str] | str", node: str, local_rank: int, pid: int) -> bool:
+    """Whether the worker ``pid`` had reached its interpreter's shutdown when it died: its
+    beacon says done (``titan.beacon.done`` runs at exit). A signal then — torch's gloo
+    threads abort a finalizing interpreter (``titan.worker.shutdown``) — is no node's fault."""
+    from titan.beacon import read_beacon
+
+    snap = read_beacon(os.path.join(os.fspath(beacons), f"{node}.local{local_rank}.bcn"))
+    return snap is not None and snap.pid == pid and snap.done
+
+
 def _recorded_stop(path: "os.PathLike[str] | str", tail_bytes: int = 65536) -> ExitCode | None:
     """The stop a worker recorded before it died: the exit code (``GAVE_UP``/``PREEMPTED``)
     of the last ``worker.abort`` in its event file, or ``None``. A worker that decided to stop
@@ -222,14 +238,16 @@ class _AbortRestart(Exception):
 
 @contextlib.contextmanager
 def patched_agent(recorder: LauncherRecorder, on_abort: Callable[[AbortRequest], None],
-                  policy: RestartPolicy | None = None, consequence_grace_s: float = 0.0) -> Iterator[type]:
+                  policy: RestartPolicy | None = None, consequence_grace_s: float = 0.0,
+                  beacons: "os.PathLike[str] | str | None" = None) -> Iterator[type]:
     """Make ``torch.distributed.launcher.api`` build a ``TitanAgent`` while inside; with
     ``policy`` every restart after a failure is decided by it (backoff or give up);
-    ``consequence_grace_s``: ``run.consequence_grace_s`` (module docstring)."""
+    ``consequence_grace_s``: ``run.consequence_grace_s`` (module docstring); ``beacons``: the
+    beacon folder (a signal death after the worker's script ended is marked ``at_shutdown``)."""
     from torch.distributed.launcher import api
 
     original = api.LocalElasticAgent
-    cls = _make_agent_class(original, recorder, on_abort, policy, consequence_grace_s)
+    cls = _make_agent_class(original, recorder, on_abort, policy, consequence_grace_s, beacons)
     api.LocalElasticAgent = cls
     try:
         yield cls

@@ -33,6 +33,7 @@ from titan.launch.secure import DISABLE_SHARED_STORE_VAR, SecurityPlan, plan_sec
 from titan.settings import Settings
 from titan.settings.env import TITAN_NODE_ID, TITAN_RUN_DIR, TITAN_RUN_ID, TITAN_SETTINGS_JSON
 from titan.watchdog.launch_hooks import refuse_if_excluded, watching  # issue 5
+from titan.beacon import beacon_dir
 
 __all__ = ["LaunchResult", "prepare", "launch", "DISABLE_SHARED_STORE_VAR"]
 
@@ -236,7 +237,8 @@ def launch(p: Prepared, *, runs_root: Path, command: Sequence[str], base_env: Ma
     try:
         # titan.watchdog (issue 5): the hang/straggler watchdog runs beside the agent
         with diskwatch, cluster.serving(env), _warm_pool(p, rd, env, omp, rec), _scoped_process_state(env), \
-                patched_agent(rec, aborts.append, policy, settings.run.consequence_grace_s), \
+                patched_agent(rec, aborts.append, policy, settings.run.consequence_grace_s,
+                              beacon_dir(rd.path, settings.watchdog.beacon_dir)), \
                 watching(rd, p.node, settings, only_node=only_node), \
                 _node_agent(rd, p.node, settings, p.security.agent_env(env), rec), \
                 p.security.rendezvous(lambda kind, msg, data: rec.emit(kind, msg, level="error", data=data),

@@ -45,7 +45,11 @@ _FAULT_CODES = {10, 11}
 
 
 def _node_fault(d: dict[str, Any]) -> bool:
-    """Could this failure be the node's fault (a signal death, a comm or CUDA fault)?"""
+    """Could this failure be the node's fault (a signal death, a comm or CUDA fault)? Not a
+    death after the worker's script ended (``at_shutdown``: torch's teardown, e.g. gloo's
+    threads aborting a finalizing interpreter — three such exits once locked a host out)."""
+    if d.get("at_shutdown"):
+        return False
     sig = d.get("signal")
     if sig:
         return sig not in _STOP_SIGNALS

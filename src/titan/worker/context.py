@@ -97,6 +97,11 @@ class WorkerContext:
 
             atexit.register(done)  # the interpreter's shutdown is no hang
         install_fault_boundary(self)
+        import atexit
+
+        from titan.worker.shutdown import drain_collective_threads
+
+        atexit.register(drain_collective_threads)  # gloo's threads may still hold a decref (shutdown.py)
         self.install_log_filter()
         self.wired = True
         self.announce()

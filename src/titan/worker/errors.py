@@ -184,6 +184,9 @@ def _exit_now(code: int) -> None:
     import atexit
     import os
 
+    from titan.worker.shutdown import skip_drain
+
+    skip_drain()  # os._exit below: no finalization, so no collective thread to wait for
     run = getattr(atexit, "_run_exitfuncs", None)
     if run is not None:
         try:
