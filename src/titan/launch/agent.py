@@ -130,8 +130,8 @@ def _make_agent_class(base: type, recorder: LauncherRecorder, on_abort: Callable
                         "exit_code": code, "signal": sig, "attempt": attempt,
                         "error_file": failure.error_file if failure.error_file not in ("", "<N/A>") else None,
                         "error": _error_message(err), "traceback": _error_traceback(err)}
-                if sig and beacons is not None and _at_shutdown(beacons, recorder.node, int(failure.local_rank),
-                                                                int(failure.pid)):
+                if sig in ("SIGABRT", "SIGSEGV") and beacons is not None and _at_shutdown(
+                        beacons, recorder.node, int(failure.local_rank), int(failure.pid)):
                     data["at_shutdown"] = True  # its script had ended: a teardown crash, not the node's
                 if root_cause and code == -signal.SIGTERM:
                     recorder.emit("worker.stopped", f"rank {grank} (pid {failure.pid}) stopped by the agent "
@@ -196,8 +196,9 @@ def _make_agent_class(base: type, recorder: LauncherRecorder, on_abort: Callable
 
 def _at_shutdown(beacons: "os.PathLike[str] | str", node: str, local_rank: int, pid: int) -> bool:
     """Whether the worker ``pid`` had reached its interpreter's shutdown when it died: its
-    beacon says done (``titan.beacon.done`` runs at exit). A signal then — torch's gloo
-    threads abort a finalizing interpreter (``titan.worker.shutdown``) — is no node's fault."""
+    beacon says done (``titan.beacon.done`` runs at exit). A crash then (SIGABRT/SIGSEGV —
+    torch's gloo threads abort a finalizing interpreter, ``titan.worker.shutdown``) is no
+    node's fault; a kill (SIGKILL, SIGTERM) is not asked about: it came from outside."""
     from titan.beacon import read_beacon
 
     snap = read_beacon(os.path.join(os.fspath(beacons), f"{node}.local{local_rank}.bcn"))
