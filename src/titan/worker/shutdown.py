@@ -14,8 +14,9 @@ process group outlives ``destroy_process_group()`` while a DDP module still refe
 
 :func:`drain_collective_threads` (registered at exit by ``WorkerContext.wire``) runs before
 finalization begins (``atexit``) and, while torch's collective threads are alive, gives up the
-GIL for a moment so each can finish what it holds. Cost: nothing when no such thread exists
-(one ``/proc`` read); otherwise ``wait_s`` (0.1 s) once, at the end of the process.
+GIL until they are quiet (no context switch for 30 ms), so each can finish what it holds. Cost:
+nothing when no such thread exists (a ``/proc`` read); otherwise 0.05–2 s, once, at the end of
+the process; nothing on the fault boundary's ``os._exit`` path (:func:`skip_drain`).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ def skip_drain() -> None:
     a failing worker's exit is what the launcher detects, and RTO counts from it."""
     global _skip
     _skip = True
+
 
 #: Thread names of torch's collective backends (``/proc/self/task/*/comm``): gloo's work
 #: loops and NCCL's watchdog/heartbeat threads.
