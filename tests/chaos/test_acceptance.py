@@ -85,7 +85,7 @@ def test_link_faults_across_two_namespaces_are_each_detected_and_blamed_on_the_l
     plan, steps, _ = builtin_plan("net")
     rep = _drill(tmp_path, plan, steps, nodes=2, timeout_s=380, netns_prefix="tca")
     assert rep["passed"] and rep["restarts"] == 0, _why(rep)
-    want = {"loss": ("net_link_loss", "net_probe_loss"), "bandwidth": ("net_link_slow",), "delay": ("net_link_slow",),
+    want = {"loss": ("net_link_loss", "net_probe_loss"), "bandwidth": ("net_link_slow", "net_link_loss"), "delay": ("net_link_slow",),
             "partition": ("net_link_down", "net_link_loss")}
     for f in rep["faults"]:
         assert f["detector"] in {f"agent.alert {r}" for r in want[f["what"]]}, _why(rep)
