@@ -199,19 +199,18 @@ def _at_shutdown(beacons: "os.PathLike[str] | str", node: str, local_rank: int, 
     beacon says done (``titan.beacon.done`` runs at exit). A crash then (SIGABRT/SIGSEGV —
     torch's gloo threads abort a finalizing interpreter, ``titan.worker.shutdown``) is no
     node's fault; a kill (SIGKILL, SIGTERM) is not asked about: it came from outside."""
-    from titan.beacon import read_beacon
+    from titan.beacon import beacon_path, read_beacon
 
-    snap = read_beacon(os.path.join(os.fspath(beacons), f"{node}.local{local_rank}.bcn"))
+    snap = read_beacon(beacon_path("", node, local_rank, configured=os.fspath(beacons)))
     return snap is not None and snap.pid == pid and snap.done
 
 
 def _recorded_stop(path: "os.PathLike[str] | str", tail_bytes: int = 65536) -> ExitCode | None:
     """The stop a worker recorded before it died: the exit code (``GAVE_UP``/``PREEMPTED``)
     of the last ``worker.abort`` in its event file, or ``None``. A worker that decided to stop
-    writes ``worker.abort`` and then exits with that code, but its teardown can still kill it:
-    torch's gloo aborts a process (SIGABRT, "terminate called without an active exception")
-    when its peer closed first — measured 3 in 40 launches of the all-corrupt-checkpoint run
-    here. The decision, not the teardown, is the job's outcome. Reads the file's last
+    writes ``worker.abort`` and then exits with that code, but its teardown can still kill it
+    (SIGABRT, "terminate called without an active exception": ``titan.worker.shutdown``) —
+    3 of 100 launches of the all-corrupt-checkpoint run here. The decision, not the teardown, is the job's outcome. Reads the file's last
     ``tail_bytes`` only; a missing or torn file is no decision."""
     try:
         with open(path, "rb") as f:

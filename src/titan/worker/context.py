@@ -90,15 +90,13 @@ class WorkerContext:
         from titan.worker.errors import install_fault_boundary
 
         self.beacon = install(self)
-        if self.beacon is not None:
-            import atexit
+        import atexit
 
+        if self.beacon is not None:
             from titan.beacon import done
 
             atexit.register(done)  # the interpreter's shutdown is no hang
         install_fault_boundary(self)
-        import atexit
-
         from titan.worker.shutdown import drain_collective_threads
 
         atexit.register(drain_collective_threads)  # gloo's threads may still hold a decref (shutdown.py)

@@ -1,8 +1,8 @@
 """Let torch's collective threads finish before the interpreter finalizes.
 
 Why (a core dump, 2026-12-05): a worker that had trained to its last step and returned 0
-died with SIGABRT ("terminate called without an active exception") — 1 launch in 8–20 of
-`tests/ledger/test_ledger_in_runs.py`'s run here, and CI's all-corrupt-checkpoint run;
+died with SIGABRT ("terminate called without an active exception") — 1 of 19 launches of
+`tests/ledger/test_ledger_in_runs.py`'s command in a loop here, and CI's all-corrupt-checkpoint run;
 `titan run` then saw a failed worker and a node strike. The stack: a gloo ``pt_gloo_runloop``
 thread destroying a finished all-reduce (``AsyncAllreduceWork::~AsyncAllreduceWork``) drops
 the last reference to a tensor whose Python object C++ owns (the script had already let go of
