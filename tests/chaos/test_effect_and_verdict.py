@@ -174,3 +174,36 @@ def test_survive_only_needs_a_reason():
         FaultSpec(kind="stress", step=3, survive_only="  ")
     f = FaultSpec.from_dict({"kind": "stress", "step": 3, "survive_only": "too short to see"})
     assert f.survive_only == "too short to see" and f.to_dict()["survive_only"] == "too short to see"
+
+
+def test_a_link_alert_counted_late_belongs_to_the_fault_its_evidence_happened_in():
+    # CI 2026-12-04 (2 of 12 runs): the 10 % loss fault's net_link_loss came 3.9 s after the
+    # link healed — after the next fault (a bandwidth squeeze, which net_link_loss may also
+    # detect) was injected. The alert's evidence_t (the newest lost probe's send time) says
+    # when the link lost the probes: the loss fault's, and not the squeeze's.
+    plan = (Plan().add("net", step=21, what="loss", percent=10.0, seconds=1.0)
+            .add("net", step=30, what="bandwidth", rate="4mbit", seconds=1.0))
+    loss, bw = plan.faults
+    link = ["node0", "node1"]
+    inj1 = ev("inject.net", 2.05, 21, None, 99, what="loss", seconds=1.0)
+    heal1 = ev("inject.net_healed", 3.1, None, None, 99, what="loss", planned_step=21, dropped_packets=140)
+    inj2 = ev("inject.net", 3.5, 30, None, 99, what="bandwidth", seconds=1.0)
+    heal2 = ev("inject.net_healed", 4.6, None, None, 99, what="bandwidth", planned_step=30, shaped_packets=55)
+    going = steps(2.1, 21, 30, 0.1)
+
+    def alert(t: float, **data) -> Event:
+        return ev("agent.alert", t, None, None, 7, rule="net_link_loss", link=link, evidence="probe loss", **data)
+
+    late = alert(4.0, evidence_t=2.9)  # counted during the squeeze, lost during the loss fault
+    v1, v2 = judge(plan, sorted([*_noise(), inj1, heal1, inj2, heal2, *going, late], key=lambda e: e.t),
+                   final_equal=True, launcher_ok=True)
+    assert v1.detected and v1.detector == "agent.alert net_link_loss" and v1.culprit.startswith("link node0<->node1"), v1
+    assert not v2.detected, "the loss fault's alert was also taken for the squeeze's detection"
+    # Without the evidence time the late alert is the squeeze's, and the loss fault went unseen.
+    w1, w2 = judge(plan, sorted([*_noise(), inj1, heal1, inj2, heal2, *going, alert(4.0)], key=lambda e: e.t),
+                   final_equal=True, launcher_ok=True)
+    assert not w1.detected and w2.detected
+    # An evidence time outside the alert's own reach (later than the alert) is not believed.
+    x1, _ = judge(plan, sorted([*_noise(), inj1, heal1, inj2, heal2, *going, alert(4.0, evidence_t=9.0)],
+                               key=lambda e: e.t), final_equal=True, launcher_ok=True)
+    assert not x1.detected

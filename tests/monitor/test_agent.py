@@ -94,11 +94,17 @@ def test_three_agents_probe_each_other_over_loopback(tmp_path: Path):
         probes[2]._closed = True
         probes[2].sock.close()
         probes[0].timeout_s = 0.3
+        dead = time.time()
         for t in range(8, 14):
             res = [c.collect(float(t)) for c in cols[:2]]
             time.sleep(0.25)
         lost = res[0].metrics[metric_key("net_probe_lost_total", peer="n2")]
         assert lost >= 3, f"pings to a dead peer: expected >= 3 lost, seen {lost}"
+        # When the newest lost ping was sent (a drill tells a late alert's fault by it): after
+        # the peer died, at least one timeout before it was counted; none lost to a live peer.
+        sent = res[0].metrics[metric_key("net_probe_last_lost_sent_seconds", peer="n2")]
+        assert dead <= sent <= time.time() - 0.3, (dead, sent, time.time())
+        assert metric_key("net_probe_last_lost_sent_seconds", peer="n1") not in res[0].metrics
     finally:
         for c in cols:
             c.close()

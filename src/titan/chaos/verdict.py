@@ -112,12 +112,18 @@ def _matches(d: Detector, e: Event) -> bool:
 
 def _detection(f: FaultSpec, exp: Expect, evs: Sequence[Event], t0: float, t_stop: float,
                rank: int | None) -> tuple[Event | None, Detector | None]:
-    """The first event of one of the kind's named detectors in ``[t0 − 0.5, t_stop]``."""
+    """The first event of one of the kind's named detectors in ``[t0 − 0.5, t_stop]`` — for an
+    agent alert that says when its evidence happened (``evidence_t``: the newest lost probe's
+    send time), that time: an alert counted late, after the next fault began, is still this
+    fault's, and not the next one's."""
     for e in evs:
         if e.t < t0 - 0.5:
             continue
-        if e.t > t_stop:
+        if e.t > t_stop + LATE_S:
             break
+        t_ev = _evidence_t(e)
+        if not t0 - 0.5 <= t_ev <= t_stop:
+            continue
         for d in exp.detectors:
             if not _matches(d, e):
                 continue
@@ -127,6 +133,15 @@ def _detection(f: FaultSpec, exp: Expect, evs: Sequence[Event], t0: float, t_sto
                 continue
             return e, d
     return None, None
+
+
+def _evidence_t(e: Event) -> float:
+    """When an event's evidence happened: ``data.evidence_t`` of an agent alert (bounded by the
+    alert's own time and at most ``LATE_S`` before it), else the event's time."""
+    v = e.data.get("evidence_t") if e.kind == "agent.alert" else None
+    if isinstance(v, (int, float)) and not isinstance(v, bool) and e.t - LATE_S <= v <= e.t:
+        return float(v)
+    return e.t
 
 
 def _injection(f: FaultSpec, evs: Sequence[Event]) -> Event | None:

@@ -5,7 +5,9 @@ Each agent binds one UDP socket — on the job's listen address (``TITAN_LISTEN_
 in ``<run_dir>/metrics/probe.<node>.json`` (rewritten atomically every ``refresh_s``, so a
 file older than ``stale_s`` is a dead peer). Every tick it sends one ping to each peer; a
 helper thread answers pings and matches pongs. A ping unanswered after ``timeout_s`` counts
-as lost. Cost per tick: one ``sendto`` and one HMAC per peer.
+as lost; ``net_probe_last_lost_sent_seconds`` is the wall-clock time the newest lost ping
+was *sent* — when the loss happened, not when it was counted (``timeout_s`` later, or later
+still when the agent fell behind). Cost per tick: one ``sendto`` and one HMAC per peer.
 
 Pings and pongs carry a 16-byte HMAC (``titan.security.Signer``, purpose
 ``titan.probe.v1``, the run id as context) under the job secret: a packet that does not
@@ -86,11 +88,12 @@ class EchoProbe:
         self._lock = threading.Lock()
         self._peers: dict[str, tuple[str, int]] = {}
         self._seq = 0
-        self._outstanding: dict[int, tuple[str, float]] = {}
+        self._outstanding: dict[int, tuple[str, float, float]] = {}  # seq -> (peer, monotonic, wall) sent
         self._rtts: dict[str, list[float]] = collections.defaultdict(list)
         self._outcomes: dict[str, collections.deque[bool]] = {}
         self._sent: dict[str, int] = collections.defaultdict(int)
         self._lost: dict[str, int] = collections.defaultdict(int)
+        self._lost_sent: dict[str, float] = {}  # peer -> wall time the newest lost ping was sent
         self._last_refresh = -1e18
         self._closed = False
         self._announce()
@@ -146,16 +149,17 @@ class EchoProbe:
             self._announce()
             self._refresh_peers()
         with self._lock:
-            for seq, (peer, sent) in list(self._outstanding.items()):
+            for seq, (peer, sent, wall) in list(self._outstanding.items()):
                 if mono - sent > self.timeout_s:
                     del self._outstanding[seq]
                     self._record(peer, False)
+                    self._lost_sent[peer] = max(wall, self._lost_sent.get(peer, 0.0))
             peers = dict(self._peers)
         for peer, addr in peers.items():
             with self._lock:
                 self._seq += 1
                 seq = self._seq
-                self._outstanding[seq] = (peer, time.monotonic())
+                self._outstanding[seq] = (peer, time.monotonic(), time.time())
                 self._sent[peer] += 1
             try:
                 self.sock.sendto(self._packet(_PING, seq, time.monotonic(), time.time()), addr)
@@ -236,6 +240,8 @@ class EchoProbe:
                     out[metric_key("net_probe_loss_ratio", peer=peer)] = 1.0 - sum(dq) / len(dq)
                 out[metric_key("net_probe_sent_total", peer=peer)] = float(self._sent[peer])
                 out[metric_key("net_probe_lost_total", peer=peer)] = float(self._lost[peer])
+                if peer in self._lost_sent:
+                    out[metric_key("net_probe_last_lost_sent_seconds", peer=peer)] = self._lost_sent[peer]
         return out
 
     def describe(self) -> dict[str, Any]:

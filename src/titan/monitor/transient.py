@@ -41,7 +41,9 @@ TCP retransmit ratio over ``link_loss_window_s`` above both ``link_retrans_ratio
 its baseline; **down** when at least ``link_down_ratio`` of the probes of the last
 ``link_down_s`` were lost (at least 3) — a ping counts as lost ``agent.probe_timeout_s``
 after it was sent, so a one-second partition shows as about half the pings of the
-two-second window.
+two-second window. A loss or down alert carries ``evidence_t``: the wall-clock time the
+newest lost probe was sent (``titan.monitor.probe``) — when the link lost it, which a drill
+uses to tell which fault an alert that came late belongs to.
 
 An alert clears when its condition has been gone for ``clear_ticks`` ticks. Cost per tick:
 one read of each local beacon (12 KB) and of each worker's schedstat; a few sorts of at
@@ -334,12 +336,16 @@ class TransientDetectors:
             ratio = lost / sent if sent > 0 else 0.0
             down_sent, down_lost = _delta(dq, now - c.link_down_s)
             down = down_lost >= 3 and down_lost >= c.link_down_ratio * max(down_sent, 1.0)
+            # When the loss happened: the newest lost ping's send time (counted lost a probe
+            # timeout later, or later still if this agent fell behind).
+            ev_t = m.get("net_probe_last_lost_sent_seconds")
+            when = {"evidence_t": round(ev_t, 3)} if ev_t is not None else {}
             out += self._episode("net_link_down", f"down:{peer}", link, down,
                                  f"{int(down_lost)} of {int(down_sent)} probes lost in {c.link_down_s:g} s{step_txt}",
-                                 {"lost": down_lost, "sent": down_sent})
+                                 {"lost": down_lost, "sent": down_sent, **when})
             out += self._episode("net_link_loss", f"loss:{peer}", link, lost >= 2 and ratio >= c.link_loss_ratio
                                  and not down, f"probe loss {ratio:.0%} ({int(lost)}/{int(sent)}){step_txt}",
-                                 {"probe_loss_ratio": round(ratio, 4)})
+                                 {"probe_loss_ratio": round(ratio, 4), **when})
         # TCP retransmits of this namespace: the link(s) to every peer the probe knows.
         rs, os_ = metrics.get("net_tcp_retransmitted_segments_total"), metrics.get("net_tcp_sent_segments_total")
         if rs is not None and os_ is not None and peers:
