@@ -40,6 +40,33 @@ class Mlp(nn.Module):
         return {"loss": nn.functional.cross_entropy(self.net(x), labels)}
 
 
+class Tokens(torch.utils.data.Dataset):
+    """Random token sequences (a language model's batch shape; no download, no tokenizer)."""
+
+    def __init__(self, n: int, seq: int, vocab: int) -> None:
+        g = torch.Generator().manual_seed(0)
+        self.ids = torch.randint(0, vocab, (n, seq), generator=g)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, i: int) -> dict:
+        return {"input_ids": self.ids[i], "labels": self.ids[i]}
+
+
+def build(a: argparse.Namespace) -> tuple[nn.Module, torch.utils.data.Dataset]:
+    """The model and data of ``--model``: the MLP, or a GPT-2 built locally from a config
+    (``transformers.GPT2LMHeadModel``, random weights) on random tokens."""
+    n = a.batch * 2 * a.block
+    if a.model == "mlp":
+        return Mlp(a.width), Data(n)
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    cfg = GPT2Config(n_layer=a.layers, n_embd=a.embd, n_head=max(1, a.embd // 64), vocab_size=a.vocab,
+                     n_positions=a.seq, bos_token_id=0, eos_token_id=0, loss_type="ForCausalLM")
+    return GPT2LMHeadModel(cfg), Tokens(n, a.seq, a.vocab)
+
+
 class Data(torch.utils.data.Dataset):
     def __init__(self, n: int) -> None:
         g = torch.Generator().manual_seed(0)
@@ -101,8 +128,14 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--blocks", type=int, default=6, help="blocks per variant (A and B alternate)")
     p.add_argument("--block", type=int, default=30, help="optimizer steps per block")
-    p.add_argument("--width", type=int, default=1024)
-    p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--model", choices=("mlp", "gpt2"), default="mlp",
+                   help="mlp: 256->W->W->W->16 on random vectors; gpt2: a GPT-2 built from a config on random tokens")
+    p.add_argument("--width", type=int, default=1024, help="mlp: hidden width")
+    p.add_argument("--batch", type=int, default=32, help="rows (mlp) or sequences (gpt2) per rank and step")
+    p.add_argument("--layers", type=int, default=4, help="gpt2: transformer blocks")
+    p.add_argument("--embd", type=int, default=256, help="gpt2: embedding width (one head per 64)")
+    p.add_argument("--vocab", type=int, default=8192, help="gpt2: vocabulary (tied input/output embedding)")
+    p.add_argument("--seq", type=int, default=256, help="gpt2: tokens per sequence")
     p.add_argument("--json", default="")
     p.add_argument("--profile", default="", help="cProfile each variant's blocks after the first pair (main "
                    "thread only) into PREFIX.<variant>.rank<r>.pstats")
@@ -123,7 +156,8 @@ def main() -> None:
                                  use_cpu=True, ddp_backend="gloo", ddp_find_unused_parameters=False, seed=0,
                                  disable_tqdm=True, max_grad_norm=1.0, learning_rate=1e-4)
         torch.manual_seed(0)
-        tr = Trainer(model=Mlp(a.width), args=args, train_dataset=Data(a.batch * 2 * a.block))
+        model, data = build(a)
+        tr = Trainer(model=model, args=args, train_dataset=data)
         timing[name] = Timing()
         tr.add_callback(timing[name])
         if name == "titan":
@@ -174,7 +208,11 @@ def main() -> None:
     res["titan"]["guard_mean"] = guard_s / max(guard_n, 1) * 1e3
     res["load"] = [load0, load1]
     res["threads"] = threads
+    res["params"] = sum(q.numel() for q in trainers["plain"].model.parameters())
     if rank == 0:
+        shape = (f"gpt2 {a.layers}x{a.embd}, vocab {a.vocab}, {a.batch}x{a.seq} tokens per rank" if a.model == "gpt2"
+                 else f"mlp width {a.width}, batch {a.batch} per rank")
+        print(f"model: {shape}, {res['params'] / 1e6:.2f} M parameters", flush=True)
         for name in ("plain", "titan"):
             r = res[name]
             print(f"{name:6s} step {r['step']:.3f} ms  fwd+bwd {r['fwd_bwd']:.3f}  optimizer {r['optimizer']:.3f}  "

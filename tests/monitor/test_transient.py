@@ -113,8 +113,13 @@ def test_a_partition_is_link_down_and_lossy_probes_are_link_loss():
     for t in range(20):
         sent += 10
         lost += 1 if t >= 10 else 0  # 10 % of the probes from t = 10 on
-        out += det.evaluate(float(t), _probe(0.0002, 9, sent, lost))
-    assert [tr.rule for tr in out if tr.transition == "fire"] == ["net_link_loss"], out
+        m = _probe(0.0002, 9, sent, lost)
+        if t >= 10:  # the probe's send time of the newest lost ping: a tick before it was counted
+            m[metric_key("net_probe_last_lost_sent_seconds", peer="node1")] = t - 1.0
+        out += det.evaluate(float(t), m)
+    fired = [tr for tr in out if tr.transition == "fire"]
+    assert [tr.rule for tr in fired] == ["net_link_loss"], out
+    assert fired[0].data["evidence_t"] == 10.0, fired[0].data  # fired at t = 11, on probes lost since t = 10
 
 
 def test_a_second_squeeze_on_top_of_an_active_one_fires_anew():
