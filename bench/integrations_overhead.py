@@ -15,6 +15,13 @@ block, per thread. All three integrations share the guarded step
 beacons are live as in production:
 
     .venv/bin/titan run --nproc-per-node 2 -- bench/integrations_overhead.py --blocks 6 --block 30
+
+``--model gpt2`` trains a GPT-2 built locally from a config (``GPT2LMHeadModel``: ``--layers``,
+``--embd``, ``--vocab``; random weights, no download) on random token sequences of ``--seq``
+(``--batch`` sequences per rank): a language model's step, whose compute per parameter is
+6 × its tokens instead of the MLP's 6 × its rows. A plain block longer than the watchdog's
+idle timeout (30 s; the beacon sits in ``idle`` while the plain Trainer runs) needs
+``--set watchdog.idle_timeout_s=…`` on ``titan run``.
 """
 
 from __future__ import annotations
