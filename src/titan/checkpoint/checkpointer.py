@@ -4,8 +4,10 @@ Save protocol (every rank, then rank 0): state staged → DCP writes each rank's
 ``step-N.partial/`` with checksums computed while writing → ``.metadata`` → manifest →
 rename to ``step-N/`` → ``latest`` replaced. Async saves run on a background thread with
 their own gloo process group, so their collectives can never interleave with training
-collectives; at most one is in flight, and whether to wait for it is decided by one
-all-reduce for all ranks. A failed save (full disk, I/O error) is an event, not a crash.
+collectives; at most one is in flight. Whether a save is due and whether SIGTERM reached a
+rank is agreed by every rank each step — in a step guard's vector when one carries it
+(``StepGuard.use_checkpointer``), else by one small all-reduce of ``maybe_save``'s own. A
+failed save (full disk, I/O error) is an event, not a crash.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import threading
 import time
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from titan.checkpoint import commit as _commit
 from titan.checkpoint import manifest as _mf
@@ -104,6 +106,10 @@ class Checkpointer:
         self._last_state: Mapping[str, Any] | None = None  # for the final-state digest
         self._last_step: int | None = None
         self._rolled_back_to: int | None = None
+        self._agreed: tuple[int, list[int]] | None = None  # (step, flags) a step guard's vector carried
+        #: ``maybe_save`` calls whose flags rode a step guard's vector / needed their own all-reduce
+        self.flags_rode = 0
+        self.flags_exchanged = 0
         if self.cfg.save_on_sigterm and threading.current_thread() is threading.main_thread():
             self._prev_sigterm = signal.signal(signal.SIGTERM, self._on_sigterm)
         ctx.events.emit("ckpt.armed", f"checkpoints every {self.cfg.every_steps} steps in {self.root}", data={
@@ -195,21 +201,53 @@ class Checkpointer:
         """Behave as if SIGTERM arrived (for tests and for schedulers that notify otherwise)."""
         self._preempt.set()
 
+    # --- the per-step agreement ----------------------------------------------------------
+    def step_flags(self, step: int) -> list[int]:
+        """This rank's flags for ``maybe_save(step)``: SIGTERM seen, a save due, a save still
+        writing. ``maybe_save`` acts on them only once every rank agrees (any rank's flag
+        counts): through a step guard's vector (:meth:`flags_agreed`) or its own all-reduce.
+        Local and thread-safe (the guard may ask from DDP's comm hook)."""
+        every = self.cfg.every_steps
+        due = bool(every) and step % every == 0 and step != self.last_saved_step
+        inf = self._inflight
+        running = inf is not None and not inf.future.done()
+        return [int(self._preempt.is_set()), int(due), int(running)]
+
+    def flags_agreed(self, step: int, sums: Sequence[float]) -> None:
+        """The sums over every rank of :meth:`step_flags` for ``step``, as a step guard's
+        vector carried them (bitwise the same on every rank): ``maybe_save(step)`` uses them
+        instead of an all-reduce of its own. A flag sampled after the vector left (SIGTERM
+        late in the step) is carried by the next step's. Called by ``StepGuard``."""
+        if len(sums) == 3:
+            self._agreed = (int(step), [int(v > 0) for v in sums])
+
+    def _step_agreement(self, step: int) -> list[int]:
+        """[preempt, due, running] as every rank sees them for ``step`` (module doc)."""
+        agreed, self._agreed = self._agreed, None
+        if agreed is not None and agreed[0] == step:  # the same on every rank: the guard's steps are
+            self.flags_rode += 1
+            return agreed[1]
+        self.flags_exchanged += 1
+        return self._agree(self.step_flags(step))
+
     # --- save ---------------------------------------------------------------------------
     def maybe_save(self, step: int, app_state: Mapping[str, Any]) -> bool:
         """Call after optimizer step ``step`` on every rank. Saves every ``every_steps``,
         snapshots into the per-step tier every ``snapshot_every_steps``, and on SIGTERM saves
-        and raises ``Preempted``.
+        and raises ``Preempted`` (SIGTERM on any rank: every rank saves the same step).
 
-        Cost per call: one 3-integer all-reduce (world > 1), one memcpy of the state when a
-        per-step snapshot is due; on a save step the staging copy (async) or the whole write
-        (sync). Returns whether a disk save started.
+        Cost per call: no collective when a step guard carried this step's flags
+        (``StepGuard.use_checkpointer``; a SIGTERM that arrives after the guard's vector
+        left is then acted on one step later), else one 3-integer all-reduce (world > 1);
+        one memcpy of the state when a per-step snapshot is due; on a save step the staging
+        copy (async) or the whole write (sync). Returns whether a disk save started.
         On the progress beacon the call is phase ``ckpt_step`` (learned, like every phase run
         each step), a disk save inside it ``checkpoint`` (its own budget: a save may take
         minutes) and the per-step snapshot ``snapshot`` (learned once it has samples); its
-        per-step agreement is phase ``comm``, a counted collective (beacon slot 1). Before,
-        the whole call was ``checkpoint``: a rank stuck in it — e.g. stopped during its per-step
-        snapshot — was not taken for hung before ``checkpoint_budget_s`` (120 s).
+        own per-step agreement, when it needs one, is phase ``comm``, a counted collective
+        (beacon slot 1). Before, the whole call was ``checkpoint``: a rank stuck in it — e.g.
+        stopped during its per-step snapshot — was not taken for hung before
+        ``checkpoint_budget_s`` (120 s).
         After a rollback to step r (``rollback``), calls for other steps than r+1 are stale
         (the loop's step of the discarded state) and do nothing.
         """
@@ -228,10 +266,7 @@ class Checkpointer:
         self._setup_groups()
         self.ctx.step = step
         self._last_state, self._last_step = app_state, step
-        every = self.cfg.every_steps
-        due = bool(every) and step % every == 0 and step != self.last_saved_step
-        running = self._inflight is not None and not self._inflight.future.done()
-        preempt, due_any, _ = self._agree([int(self._preempt.is_set()), int(due), int(running)])
+        preempt, due_any, _ = self._step_agreement(step)
         self._reap()
         if preempt:
             with phase("checkpoint"):

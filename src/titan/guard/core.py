@@ -125,6 +125,9 @@ class StepGuard:
         #: exchanged with the next step's vector before it enters the statistics.
         self._pending_norm: tuple[float, float] | None = None
         self._ride_ok = True  # off for good once ranks' own norms were seen to differ
+        #: rides in the step vector (``use_checkpointer``): ``step_flags(step)`` gives this
+        #: rank's small integers, ``flags_agreed(step, sums)`` gets their sums over ranks
+        self._passenger: Any = None
         if self.check is not None and hasattr(self.check, "ride"):
             self.check.ride = self._ride_vector
         self.progress.attach_faults()
@@ -149,9 +152,20 @@ class StepGuard:
 
         return _dist_world(self.group)[0]
 
-    def use_checkpointer(self, checkpointer: Any, app_state: Mapping[str, Any]) -> None:
-        """Roll back through ``checkpointer.rollback(app_state)`` (``titan.checkpoint``)."""
-        self._rollback = lambda: int(checkpointer.rollback(app_state))
+    def use_checkpointer(self, checkpointer: Any, app_state: Mapping[str, Any] | None, *,
+                         rollback: bool = True) -> None:
+        """Wire a ``titan.checkpoint.Checkpointer`` (on every rank alike): escalation rolls back
+        through ``checkpointer.rollback(app_state)`` (unless ``rollback=False``), and the flags
+        its ``maybe_save`` agrees on every step (SIGTERM seen on a rank, save due) travel in
+        this guard's step vector — riding DDP's all-reduce or in the guard's own exchange —
+        so ``maybe_save`` after this step needs no all-reduce of its own. Cost: 3 more floats
+        in the vector."""
+        if rollback:
+            if app_state is None:
+                raise ValueError("use_checkpointer: rollback needs the app_state to restore")
+            self._rollback = lambda: int(checkpointer.rollback(app_state))
+        if hasattr(checkpointer, "step_flags") and hasattr(checkpointer, "flags_agreed"):
+            self._passenger = checkpointer
 
     def request_replay(self) -> None:
         """Make the next :meth:`step` replay its batch and compare bitwise (for SDC checks).
@@ -212,7 +226,12 @@ class StepGuard:
         units = self.check.local_unit_norms()
         self._ride_loss, self._ride_units = loss, units
         return step_vector(loss.to(units.device), torch.linalg.vector_norm(units), None, partial_sq=False,
-                           scale=self._scale(), verify=False, prev_norm=self._prev_norm(), group=self.group)
+                           scale=self._scale(), verify=False, prev_norm=self._prev_norm(), group=self.group,
+                           extra=self._extra())
+
+    def _extra(self) -> Sequence[int]:
+        """The passenger's slots for the step under way (the same count on every rank)."""
+        return self._passenger.step_flags(self.step_count + 1) if self._passenger is not None else ()
 
     def _scale(self) -> torch.Tensor | None:
         return self.scaler._scale if self.scaler is not None and self.scaler._scale is not None else None
@@ -254,11 +273,12 @@ class StepGuard:
         as transient or persistent; with a loss a faulty step is skipped unclassified. Cost
         on a clean step: the closure (if any), one pre-reduce read of the gradients (DDP at
         world > 1 and FSDP2; none without a wrapper), one all-reduce of ``3 + 3·world``
-        floats (none at world 1; under DDP with the loss given to :meth:`add_loss` before the
-        backward, launched with the last gradient bucket's instead of after the backward),
-        one read of the reduced gradients for their norm (DDP, unless noted:
-        :meth:`note_grad_norm`) and one host read. On a faulty step: an all-gather of
-        per-rank details and (a closure, policy ``replay``) one more forward/backward.
+        floats (3 more with a checkpointer wired: :meth:`use_checkpointer`; none at world 1;
+        under DDP with the loss given to :meth:`add_loss` before the backward, launched with
+        the last gradient bucket's instead of after the backward), one read of the reduced
+        gradients for their norm (DDP, unless noted: :meth:`note_grad_norm`) and one host
+        read. On a faulty step: an all-gather of per-rank details and (a closure, policy
+        ``replay``) one more forward/backward.
         ``samples``: this rank's dataset indices of the step (or a callable returning
         them, evaluated only on a faulty step), logged when a fault is persistent.
         Raises ``TitanAbort(exit_code=GAVE_UP)`` when the escalation ladder ends in abort.
@@ -278,6 +298,8 @@ class StepGuard:
         rng0 = capture_rng() if fwd_bwd is not None else None  # ~20 µs; only a closure can be replayed
         loss, obs = self._run(fwd_bwd, verify=self._verify_next and fwd_bwd is not None, loss=loss_or_fwd_bwd)
         self._verify_next = False
+        if self._passenger is not None:  # what every rank's maybe_save of this step agrees on
+            self._passenger.flags_agreed(s, obs.extra)
         self._settle(obs)
         verify = obs.verify  # agreed through the exchange: all ranks replay or none
         verdict = self._judge(obs)
@@ -365,7 +387,7 @@ class StepGuard:
             b.collective_issued(0)
         obs = exchange(loss_t.to(dev), self.check.local_norm(), self.check.norm_slot(),
                        partial_sq=self.check.norm_is_partial_sq, scale=self._scale(), verify=verify,
-                       prev_norm=self._prev_norm(), group=self.group)
+                       prev_norm=self._prev_norm(), group=self.group, extra=self._extra())
         if b is not None:
             b.collective_done(0)
         self._last_units = self.check.local_unit_norms  # read on a fault only

@@ -13,13 +13,17 @@ then carries no global norm — each rank computes it from the reduced gradients
 the same everywhere — and each rank's value travels in the *next* step's vector
 (``prev`` slots) before it enters the statistics, so they stay identical on every rank and
 a rank that computed another norm is seen.
+
+A passenger (``StepGuard.use_checkpointer``: the checkpointer's SIGTERM / save-due flags)
+appends its own slots; each rank adds its values, so a flag raised on any rank arrives as a
+count above 0 on every rank, with the vector's one exchange — no second one for it.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 
@@ -46,6 +50,8 @@ class Observation:
     raw_norm: float = math.nan  # ``grad_norm`` before the division by the loss scale (float32 exact)
     #: each rank's gradient norm of the previous step when that one was not exchanged (else 0)
     prev_norms: tuple[float, ...] = ()
+    #: the passenger's slots summed over ranks (:func:`step_vector` ``extra``)
+    extra: tuple[float, ...] = ()
 
     @property
     def nonfinite(self) -> bool:
@@ -69,15 +75,18 @@ def _code(local_norm: float) -> int:
 
 def step_vector(loss: torch.Tensor, local_norm: torch.Tensor, norm_slot: torch.Tensor | None, *,
                 partial_sq: bool, scale: torch.Tensor | None, verify: bool, prev_norm: float | None,
-                group: Any = None) -> torch.Tensor:
+                group: Any = None, extra: Sequence[float] = ()) -> torch.Tensor:
     """This rank's contribution to the step vector (summed over ranks by one all-reduce).
 
-    Layout ``[norm, scale, loss_0..loss_{W-1}, local_0..local_{W-1}, verify, prev_0..prev_{W-1}]``:
+    Layout ``[norm, scale, loss_0..loss_{W-1}, local_0..local_{W-1}, verify, prev_0..prev_{W-1},
+    extra_0..extra_{K-1}]``:
     rank r writes its slots ``2 + r``, ``2 + W + r`` and ``3 + 2·W + r`` (the gradient norm it
     computed for the previous step when that one was not exchanged, see :class:`Observation`),
     rank 0 the first two (``norm_slot`` None: the slot stays 0 and each rank fills in its own
     norm after the reduction), and every rank that asked for a verification replay adds 1 to
-    ``verify``. Adding zeros is exact: after the sum every rank holds the same bits.
+    ``verify``; ``extra`` (a passenger's K small integers, the same K on every rank) is added
+    by every rank. Adding zeros and small integers is exact: after the sum every rank holds
+    the same bits.
     """
     rank, world = _dist_world(group)
     dev = local_norm.device
@@ -93,6 +102,7 @@ def step_vector(loss: torch.Tensor, local_norm: torch.Tensor, norm_slot: torch.T
         slots[2 + 2 * world] = _const(1.0, dev)
     if prev_norm is not None:
         slots[3 + 2 * world + rank] = torch.full((), prev_norm, dtype=torch.float32, device=dev)
+    slots.extend(_const(float(x), dev) for x in extra)
     return torch.stack(slots)
 
 
@@ -137,23 +147,24 @@ def observe(vec: torch.Tensor, *, partial_sq: bool, norm_t: torch.Tensor | None 
         norm_exchanged=norm_t is None,
         raw_norm=norm,
         prev_norms=tuple(host[3 + 2 * world:3 + 3 * world]),
+        extra=tuple(host[3 + 3 * world:]),
     )
 
 
 def exchange(loss: torch.Tensor, local_norm: torch.Tensor, norm_slot: torch.Tensor,
              *, partial_sq: bool, scale: torch.Tensor | None, verify: bool = False,
-             prev_norm: float | None = None, group: Any = None) -> Observation:
+             prev_norm: float | None = None, group: Any = None, extra: Sequence[float] = ()) -> Observation:
     """Build and all-reduce the step vector; one host read. Collective when world > 1.
 
     The separate exchange: used where the vector could not ride the gradients' own
     all-reduce (:mod:`titan.guard.ddp`) — FSDP2, no wrapper, a loop that hands the guard its
     loss only after the backward, a replay. Cost: one ``all_reduce`` of ``3 + 3·world``
-    float32 (none at world 1) and one device-to-host copy of the same size.
+    (+ ``len(extra)``) float32 (none at world 1) and one device-to-host copy of the same size.
     """
     import torch.distributed as dist
 
     vec = step_vector(loss, local_norm, norm_slot, partial_sq=partial_sq, scale=scale, verify=verify,
-                      prev_norm=prev_norm, group=group)
+                      prev_norm=prev_norm, group=group, extra=extra)
     if _dist_world(group)[1] > 1:
         dist.all_reduce(vec, group=group)
     return observe(vec, partial_sq=partial_sq, group=group)

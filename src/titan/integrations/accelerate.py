@@ -139,8 +139,9 @@ class TitanAccelerate:
     ``model``, ``optimizer`` (and ``scheduler``): as ``accelerator.prepare`` returned them.
     Restores the newest verified checkpoint at once (collective); :attr:`step` is the step
     it resumed after (0 for a fresh run). Cost per step: the guard's (one pre-reduce read
-    of each bucket, its small all-reduce launched with DDP's last bucket) and the
-    checkpointer's one 3-integer all-reduce.
+    of each bucket, its small all-reduce launched with DDP's last bucket, which also
+    carries the checkpointer's SIGTERM / save-due flags: no collective of the
+    checkpointer's own; with the guard off, one 3-integer all-reduce).
     """
 
     def __init__(self, accelerator: Any, model: torch.nn.Module, optimizer: Any, *, scheduler: Any = None,
@@ -168,6 +169,9 @@ class TitanAccelerate:
             self.state["guard"] = self.guarded.guard
         self.checkpointer = Checkpointer(self.ctx)
         if self.guarded is not None:
+            # The checkpointer's per-step flags (SIGTERM, save due) ride the guard's vector: no
+            # all-reduce of their own. No rollback: the loop's data would not follow it.
+            self.guarded.guard.use_checkpointer(self.checkpointer, None, rollback=False)
             with self.guarded.bypass():  # DCP's optimizer-state creation steps once: not a training step
                 self.step = self.checkpointer.restore(self.state)
         else:
