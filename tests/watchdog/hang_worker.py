@@ -40,6 +40,7 @@ def main() -> None:
     ap.add_argument("--slow-where", choices=("forward", "gap"), default="forward")
     ap.add_argument("--crash-after-resume", action="store_true")
     ap.add_argument("--step-sleep", type=float, default=0.0)
+    ap.add_argument("--batch", type=int, default=16, help="rows per rank and step (more: a longer compute)")
     a = ap.parse_args()
     torch.set_num_threads(1)
     ctx = WorkerContext.from_env()
@@ -93,8 +94,8 @@ def main() -> None:
             b.step_begin(step)
             with beacon.phase("data"):
                 g = torch.Generator().manual_seed(step * 1000 + ctx.rank)
-                x = torch.randn(16, 32, generator=g)
-                y = torch.randn(16, 8, generator=g)
+                x = torch.randn(a.batch, 32, generator=g)
+                y = torch.randn(a.batch, 8, generator=g)
                 if faults.get(step) == "kill":
                     ctx.events.emit("inject.kill", "SIGKILL self", step=step, data={"kind": "kill"})
                     os.kill(os.getpid(), 9)

@@ -137,3 +137,28 @@ def test_unmarked_time_is_never_tighter_than_idle_timeout(cfg):
         t.observe("idle", 0.001)
     to, basis = t.timeout("idle")
     assert to == cfg.idle_timeout_s and "idle_timeout_s" in basis, (to, basis)
+
+
+
+def _feed_14x(cfg, base: float) -> list:
+    """Two ranks, rank 0 1.4x slower than rank 1's ``base`` seconds (5 % noise), 60 steps."""
+    det, rng = StragglerDetector(cfg), random.Random(0)
+    for s in range(1, 61):
+        for r in range(2):
+            x = base * (1 + 0.05 * rng.random())
+            det.add(r, s, x * 1.4 if r == 0 else x)
+        det.check()
+    return det.flags
+
+
+def test_a_rank_slower_by_less_than_the_floor_per_step_is_not_flagged(cfg):
+    # A clean 2-rank run (slow suite, 2026-12-05): ~0.7 ms steps, rank 0 at 1.40x its peer —
+    # 0.29 ms per step, scheduler noise on a shared host. Below straggler_min_excess_s (2 ms)
+    # no flag; the same 1.4x of a 10 ms step (4 ms) is a straggler.
+    import dataclasses
+
+    assert cfg.straggler_min_excess_s == 0.002
+    assert _feed_14x(cfg, 0.0007) == [], "a 0.3 ms excess per step was flagged"
+    assert [f["rank"] for f in _feed_14x(cfg, 0.010)][:1] == [0]
+    no_floor = dataclasses.replace(cfg, straggler_min_excess_s=0.0)
+    assert [f["rank"] for f in _feed_14x(no_floor, 0.0007)][:1] == [0], "the floor is what held it back"

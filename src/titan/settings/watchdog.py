@@ -56,6 +56,9 @@ class WatchdogConfig:
     straggler_window: int = 20
     straggler_margin: float = 0.3
     straggler_mad_k: float = 3.0
+    #: a rank is slow only when also this many seconds per step above its peers' median
+    #: (scheduler noise on a shared host makes a millisecond step 30 % slower)
+    straggler_min_excess_s: float = 0.002
     straggler_persist: int = 2
     straggler_strike_after: int = 3
     # restart policy (decided by `titan run` from the run directory's events: titan.launch.restarts)
@@ -93,6 +96,8 @@ class WatchdogConfig:
                 and self.evidence_lead_s >= 0, "waits must be >= 0", "e.g. 1")
         require(self.straggler_window >= 5, "straggler_window must be >= 5 steps", "use e.g. 20")
         require(self.straggler_margin > 0, "straggler_margin must be > 0", "use e.g. 0.3 (30 % slower)")
+        require(self.straggler_min_excess_s >= 0, "straggler_min_excess_s must be >= 0",
+                "use e.g. 0.002 (2 ms per step)")
         require(self.straggler_persist >= 1 and self.straggler_strike_after >= 1,
                 "straggler_persist and straggler_strike_after must be >= 1", "e.g. 2 and 3")
         require(self.restart_backoff_s >= 0 and self.restart_backoff_max_s >= self.restart_backoff_s,

@@ -5,7 +5,10 @@ Input: per rank, ``(step, compute_s)`` from the beacons' step rings (compute = t
 ``backward``, where a fast rank waits for a slow one's gradients; ``titan.beacon.core``). Every ``window // 2`` steps, over the last ``window``
 steps common to all ranks: each rank's median compute time vs the median ``pm`` and MAD
 of its peers' samples pooled (works from two ranks up). A rank is *slow* in a check when
-its median exceeds ``pm × (1 + margin)`` **and** ``pm + k × MAD``. Flagged after ``persist`` consecutive slow
+its median exceeds ``pm × (1 + margin)`` **and** ``pm + k × MAD`` **and** ``pm + min_excess``
+(``straggler_min_excess_s``, 2 ms: below it a rank costs the job little, and on a shared
+host the scheduler alone makes a millisecond step 30 % slower — a clean 2-rank run of ~0.7 ms
+steps flagged rank 0 at 1.40×, 0.29 ms). Flagged after ``persist`` consecutive slow
 checks (one ``straggler.detected``); then every further ``persist`` checks again.
 """
 
@@ -29,6 +32,7 @@ class StragglerDetector:
         self.window = int(cfg.straggler_window)
         self.margin = float(cfg.straggler_margin)
         self.k = float(cfg.straggler_mad_k)
+        self.min_excess = float(cfg.straggler_min_excess_s)
         self.persist = int(cfg.straggler_persist)
         self._samples: dict[int, dict[int, float]] = collections.defaultdict(dict)  # rank -> step -> s
         self._slow_runs: dict[int, int] = collections.defaultdict(int)
@@ -80,7 +84,8 @@ class StragglerDetector:
             pool = [self._samples[p][s] for p in ranks if p != r for s in steps]
             pm = statistics.median(pool)
             pmad = statistics.median(abs(x - pm) for x in pool)
-            slow = pm > 0 and med[r] > pm * (1 + self.margin) and med[r] > pm + self.k * pmad
+            slow = (pm > 0 and med[r] > pm * (1 + self.margin) and med[r] > pm + self.k * pmad
+                    and med[r] - pm > self.min_excess)
             self._slow_runs[r] = self._slow_runs[r] + 1 if slow else 0
             if slow and self._slow_runs[r] % self.persist == 0:
                 out.append(Flag(rank=r, slowdown=med[r] / pm, step=steps[-1], median_s=med[r], peers_median_s=pm,
