@@ -47,6 +47,27 @@ def _kill_workers_of(run: Path) -> None:
             pass
 
 
+
+def _wait_stopped(pid: int, timeout_s: float = 10.0) -> None:
+    """Until every thread of ``pid`` is stopped (state T in ``/proc/<pid>/task/*/stat``): SIGSTOP
+    is delivered asynchronously, and a thread inside a system call finishes it first — the
+    likely writer behind the slow suite's failure on 2026-12-05: ``rmtree`` found ``step/``
+    not empty after emptying it (the per-step snapshot runs on a thread of its own)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        states = []
+        for task in Path(f"/proc/{pid}/task").glob("*/stat"):
+            try:
+                raw = task.read_text()
+            except OSError:
+                continue
+            states.append(raw[raw.rindex(")") + 2])
+        if states and all(st in "Tt" for st in states):
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"pid {pid} did not stop within {timeout_s}s")
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_node_state_lost_restarts_cold_from_disk_bitwise_and_says_why(tmp_path):
@@ -79,6 +100,8 @@ def test_node_state_lost_restarts_cold_from_disk_bitwise_and_says_why(tmp_path):
                 ranks = {x.rank: x.pid for x in evs if x.kind == "step" and x.attempt == 0}
                 for pid in ranks.values():  # nothing of theirs writes while the node "goes"
                     os.kill(pid, signal.SIGSTOP)
+                for pid in ranks.values():
+                    _wait_stopped(pid)
                 os.kill(zygote[0]["pid"], signal.SIGKILL)
                 shutil.rmtree(shm)  # every rank's tmpfs state, as a reboot or a new node
                 os.kill(ranks[1], signal.SIGKILL)
